@@ -1,0 +1,32 @@
+"""Text environments: ScienceWorld (the paper's main benchmark), WebShop, and a toy corridor."""
+
+from __future__ import annotations
+
+from empo2.envs.base import StepResult, TextEnv, snap_action
+
+ENV_NAMES = ("scienceworld", "webshop", "corridor")
+
+
+def make_env(name: str, task: str | None = None, **kwargs) -> TextEnv:
+    """Build one environment instance by name.
+
+    `task` is the ScienceWorld task name (e.g. "power-component"); WebShop and the
+    corridor have a single task and ignore it. Extra keyword arguments go to the
+    environment's constructor.
+    """
+    if name == "scienceworld":
+        from empo2.envs.scienceworld import ScienceWorldTask
+
+        return ScienceWorldTask(task or "power-component", **kwargs)
+    if name == "webshop":
+        from empo2.envs.webshop import WebShopEnv
+
+        return WebShopEnv(**kwargs)
+    if name == "corridor":
+        from empo2.envs.toy import CorridorEnv
+
+        return CorridorEnv(**kwargs)
+    raise ValueError(f"env: unknown environment {name!r}; allowed: {', '.join(ENV_NAMES)}")
+
+
+__all__ = ["ENV_NAMES", "StepResult", "TextEnv", "make_env", "snap_action"]
