@@ -1,0 +1,303 @@
+"""EMPO2Config: every knob of a run, with its help text, validation and named profiles.
+
+    cfg = EMPO2Config.from_profile("laptop", method="grpo", task="power-component", seed=1)
+
+Profiles:
+    ci      minutes on a 2-core CPU: tiny budgets, the real ScienceWorld and default model
+    laptop  about 30 minutes per training run on a 2-core CPU
+    paper   the paper's settings (METHOD.md §2) with Qwen2.5-7B-Instruct, for GPUs
+
+Methods are configurations of the same trainer:
+    empo2        memory rollouts with probability p, off-policy updates with probability q
+    grpo         p = 0, no tips, no intrinsic reward
+    naive        evaluation of the base model only, no training
+    memory_only  every rollout memory-augmented, tips written, no weight updates
+                 (the Reflexion-style non-parametric baseline; evaluated with memory)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+
+METHODS = ("empo2", "grpo", "naive", "memory_only")
+PROFILES = ("ci", "laptop", "paper")
+
+
+@dataclass
+class EMPO2Config:
+    # --- experiment -------------------------------------------------------------
+    method: str = "empo2"
+    """Which method: empo2, grpo, naive, memory_only (see the module docstring)."""
+    profile: str = "laptop"
+    """The preset these values started from: ci, laptop or paper (recorded, not re-applied)."""
+    experiment: str = "scratch"
+    """Results go to `results_dir/experiment/run_name/`."""
+    run_name: str = ""
+    """Run folder name; empty means `<method>-<task>-seed<seed>`."""
+    results_dir: str = "results"
+    """Root folder of all results."""
+    seed: int = 0
+    """Seeds Python, NumPy and torch (sampling, mode draws, variation order)."""
+    # --- environment --------------------------------------------------------------
+    env: str = "scienceworld"
+    """Environment: scienceworld, webshop or corridor (a toy world for tests)."""
+    task: str = "power-component"
+    """ScienceWorld task name (ignored by single-task environments)."""
+    n_train_variations: int = 5
+    """Train on the first N variations of the task's train split (paper: 5)."""
+    n_test_variations: int = 20
+    """Evaluate on the first M variations of the test split (paper: up to 20)."""
+    max_steps: int = 0
+    """Episode step limit; 0 means the task's own default (30 for most ScienceWorld tasks)."""
+    jvm_heap: str = "1g"
+    """Java heap cap of each ScienceWorld JVM."""
+    # --- models -------------------------------------------------------------------
+    model: str = "smollm2-135m"
+    """Policy: `smollm2-135m` (embedded), a local folder, or a Hugging Face id already on disk."""
+    embedder: str = "all-minilm-l6-v2"
+    """State embedder for memory keys and novelty (embedded default, 384-d)."""
+    lora_rank: int = 8
+    """LoRA rank; 0 trains all weights (full fine-tuning)."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (scale = alpha / rank)."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Linear layers that get LoRA adapters."""
+    device: str = "cpu"
+    """Torch device of the policy: cpu or cuda."""
+    # --- rollout ------------------------------------------------------------------
+    group_size: int = 8
+    """Rollouts per task variation (GRPO group, paper: 8)."""
+    groups_per_iteration: int = 16
+    """Task variations (groups) sampled per iteration (release: 16)."""
+    response_tokens: int = 32
+    """Max new tokens per action (paper: 32 for ScienceWorld)."""
+    tip_tokens: int = 100
+    """Max new tokens of a tip (the prompt asks for under 100 words)."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (paper: 1.0)."""
+    eval_temperature: float = 0.4
+    """Sampling temperature of evaluation rollouts (paper: 0.4)."""
+    reuse_cache: bool = True
+    """Keep each episode's KV cache across turns (prefill only new tokens)."""
+    # --- EMPO² --------------------------------------------------------------------
+    p: float = 0.25
+    """Probability that a rollout is memory-augmented (paper: 0.25)."""
+    q: float = 2 / 3
+    """Probability that a memory rollout gets an off-policy update (paper: 2/3)."""
+    mode_granularity: str = "rollout"
+    """Draw modes per rollout (paper's algorithm) or per iteration (the release)."""
+    memory_capacity: int = 1000
+    """Tips kept per memory scope; the oldest is evicted (paper: 1000)."""
+    similarity_threshold: float = 0.5
+    """Retrieve tips whose key has cosine similarity above this to the current state."""
+    top_k: int = 10
+    """Show at most this many retrieved tips, best episode score first (paper: 10)."""
+    memory_scope: str = "variation"
+    """One memory per task variation (release) or per task."""
+    intrinsic_coef: float = 1.0
+    """Weight of the novelty reward 1/n added to the episode return (0 switches it off)."""
+    novelty_threshold: float = 0.9
+    """Cosine similarity above which two states count as the same state for novelty."""
+    # --- update -------------------------------------------------------------------
+    lr: float = 1e-5
+    """AdamW learning rate (paper: 1e-6 full fine-tuning; LoRA needs a larger one)."""
+    clip_low: float = 0.2
+    """PPO clip range below 1 (ratio >= 1 - clip_low)."""
+    clip_high: float = 0.3
+    """PPO clip range above 1 (clip-higher, ratio <= 1 + clip_high)."""
+    dual_clip: float = 10.0
+    """Dual-clip constant bounding the loss of negative-advantage tokens."""
+    delta: float = 0.0067
+    """Off-policy tokens whose tip-free probability is below delta get no gradient (e^-5)."""
+    delta_mode: str = "token"
+    """How the delta mask applies: token, sequence (whole turn) or none."""
+    kl_beta: float = 0.0
+    """Weight of the KL penalty to the initial policy (0 for ScienceWorld, 0.01 WebShop)."""
+    ppo_epochs: int = 1
+    """Passes over the iteration's episodes."""
+    minibatch_episodes: int = 0
+    """Episodes per optimiser step; 0 means all episodes of the iteration in one step."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm."""
+    packed_logprobs: bool = True
+    """Score a whole append-only episode in one forward pass (else one pass per turn)."""
+    # --- schedule -----------------------------------------------------------------
+    iterations: int = 20
+    """Training iterations (naive: ignored; it only evaluates)."""
+    eval_every: int = 5
+    """Evaluate (without memory) every k iterations, and after the last."""
+    eval_variations: int = 0
+    """Test variations per evaluation; 0 means all n_test_variations."""
+    checkpoint_every: int = 5
+    """Save a resumable checkpoint every k iterations (0: only at the end)."""
+
+    # ------------------------------------------------------------------------------
+    def __post_init__(self):
+        self.lora_target_modules = tuple(self.lora_target_modules)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field that is out of range."""
+        choices = {
+            "method": METHODS, "profile": PROFILES, "env": ("scienceworld", "webshop", "corridor"),
+            "mode_granularity": ("rollout", "iteration"), "memory_scope": ("variation", "task"),
+            "delta_mode": ("token", "sequence", "none"), "device": None,
+        }
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if allowed is not None and value not in allowed:
+                raise ValueError(f"{name}: {value!r} is not allowed; choose one of {', '.join(allowed)}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device: {self.device!r} is not allowed; use cpu or cuda[:N]")
+        ranges = {
+            "p": (0.0, 1.0), "q": (0.0, 1.0), "similarity_threshold": (-1.0, 1.0),
+            "novelty_threshold": (-1.0, 1.0), "clip_low": (0.0, 1.0), "delta": (0.0, 1.0),
+        }
+        for name, (low, high) in ranges.items():
+            value = getattr(self, name)
+            if not (low <= value <= high):
+                raise ValueError(f"{name}: {value} is out of range; allowed [{low}, {high}]")
+        minimums = {
+            "group_size": 2, "groups_per_iteration": 1, "n_train_variations": 1, "n_test_variations": 1,
+            "response_tokens": 1, "tip_tokens": 1, "memory_capacity": 1, "top_k": 1, "ppo_epochs": 1,
+            "iterations": 0, "eval_every": 1, "max_steps": 0, "lora_rank": 0, "lora_alpha": 1,
+            "minibatch_episodes": 0, "eval_variations": 0, "checkpoint_every": 0, "seed": 0,
+        }
+        for name, low in minimums.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name}: {value!r} is not allowed; need an integer >= {low}")
+        positives = {"lr": self.lr, "clip_high": self.clip_high, "max_grad_norm": self.max_grad_norm}
+        for name, value in positives.items():
+            if not value > 0:
+                raise ValueError(f"{name}: {value} is not allowed; need a number > 0")
+        non_negative = {"temperature": self.temperature, "eval_temperature": self.eval_temperature,
+                        "intrinsic_coef": self.intrinsic_coef, "kl_beta": self.kl_beta}
+        for name, value in non_negative.items():
+            if not value >= 0:
+                raise ValueError(f"{name}: {value} is not allowed; need a number >= 0")
+        if not self.dual_clip > 1:
+            raise ValueError(f"dual_clip: {self.dual_clip} is not allowed; need a number > 1")
+        if self.eval_variations > self.n_test_variations:
+            raise ValueError(
+                f"eval_variations: {self.eval_variations} is not allowed; need <= n_test_variations "
+                f"({self.n_test_variations})"
+            )
+        if not self.lora_target_modules and self.lora_rank > 0:
+            raise ValueError("lora_target_modules: empty; name at least one module, or set lora_rank 0")
+
+    # --- what the method implies -------------------------------------------------------
+    @property
+    def rollout_p(self) -> float:
+        """Memory-rollout probability actually used."""
+        return {"empo2": self.p, "grpo": 0.0, "naive": 0.0, "memory_only": 1.0}[self.method]
+
+    @property
+    def rollout_q(self) -> float:
+        return self.q if self.method == "empo2" else 0.0
+
+    @property
+    def writes_tips(self) -> bool:
+        return self.method in ("empo2", "memory_only")
+
+    @property
+    def trains_weights(self) -> bool:
+        return self.method in ("empo2", "grpo")
+
+    @property
+    def uses_novelty(self) -> bool:
+        return self.method == "empo2" and self.intrinsic_coef > 0
+
+    @property
+    def eval_with_memory(self) -> bool:
+        """Only the non-parametric baseline is evaluated with its memory; EMPO² is tested without."""
+        return self.method == "memory_only"
+
+    @property
+    def name(self) -> str:
+        return self.run_name or f"{self.method}-{self.task if self.env == 'scienceworld' else self.env}-seed{self.seed}"
+
+    # --- construction and (de)serialisation ---------------------------------------------
+    @classmethod
+    def from_profile(cls, profile: str = "laptop", **overrides) -> "EMPO2Config":
+        """Start from a named profile, then apply overrides (unknown names are an error)."""
+        if profile not in PROFILES:
+            raise ValueError(f"profile: {profile!r} is not allowed; choose one of {', '.join(PROFILES)}")
+        values = {**PROFILE_VALUES[profile], "profile": profile}
+        env = overrides.get("env", values.get("env", "scienceworld"))
+        if env == "webshop":
+            values.update(WEBSHOP_VALUES.get(profile, {}))
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown config field(s): {', '.join(sorted(unknown))}")
+        values.update(overrides)
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "EMPO2Config":
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown config field(s): {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @staticmethod
+    def help() -> dict[str, str]:
+        """Field name -> its help text (the docstring under the field)."""
+        return dict(_FIELD_HELP)
+
+
+PROFILE_VALUES: dict[str, dict] = {
+    # Each notebook/test in minutes: still the real ScienceWorld JVM and the real model.
+    "ci": dict(
+        group_size=2, groups_per_iteration=1, n_train_variations=1, n_test_variations=1, max_steps=3,
+        response_tokens=12, tip_tokens=16, iterations=2, eval_every=2, checkpoint_every=1,
+        lora_rank=4, lora_alpha=8, lr=1e-4,
+    ),
+    # About 30 minutes per training run on a 2-core CPU.
+    "laptop": dict(
+        group_size=4, groups_per_iteration=1, n_train_variations=5, n_test_variations=5, max_steps=15,
+        response_tokens=16, tip_tokens=48, iterations=24, eval_every=6, checkpoint_every=6,
+        lora_rank=8, lora_alpha=16, lr=5e-5,
+    ),
+    # METHOD.md §2 with Qwen2.5-7B-Instruct: full fine-tuning at lr 1e-6 on GPUs.
+    "paper": dict(
+        model="Qwen/Qwen2.5-7B-Instruct", device="cuda", lora_rank=0, lr=1e-6,
+        group_size=8, groups_per_iteration=16, n_train_variations=5, n_test_variations=20,
+        response_tokens=32, tip_tokens=100, iterations=250, eval_every=10, checkpoint_every=10,
+        minibatch_episodes=32,
+    ),
+}
+
+# WebShop differs from ScienceWorld in the paper: 15 steps, 512-token responses, KL 0.01.
+WEBSHOP_VALUES: dict[str, dict] = {
+    "paper": dict(max_steps=15, response_tokens=512, kl_beta=0.01),
+    "laptop": dict(max_steps=15, kl_beta=0.01),
+    "ci": dict(kl_beta=0.01),
+}
+
+
+def _field_help() -> dict[str, str]:
+    """Read the docstring under each field from this module's source."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(EMPO2Config))
+    body = tree.body[0].body
+    helps = {}
+    for node, following in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(following, ast.Expr):
+            if isinstance(following.value, ast.Constant) and isinstance(following.value.value, str):
+                helps[node.target.id] = following.value.value
+    return helps
+
+
+_FIELD_HELP = _field_help()

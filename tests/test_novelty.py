@@ -1,0 +1,78 @@
+import pickle
+
+import numpy as np
+import pytest
+
+from empo2.novelty import NoveltyStore
+
+DIM = 4
+
+
+def rows(*vectors) -> np.ndarray:
+    return np.array(vectors, dtype=np.float32)
+
+
+def test_repeat_visits_give_coefficient_over_n():
+    store = NoveltyStore(dim=DIM, similarity_threshold=0.9, coefficient=2.0)
+    np.testing.assert_allclose(store.visit(rows([1, 0, 0, 0])), [2.0])
+    # Scaled copies and near copies are the same state; rows of one call see earlier rows.
+    np.testing.assert_allclose(store.visit(rows([5, 0, 0, 0], [1, 0.1, 0, 0])), [1.0, 2.0 / 3.0])
+    assert len(store) == 1
+
+
+def test_dissimilar_state_is_new():
+    store = NoveltyStore(dim=DIM, similarity_threshold=0.9)
+    a, b = [1, 0, 0, 0], [0.8, 0.6, 0, 0]   # cosine 0.8 < 0.9
+    np.testing.assert_allclose(store.visit(rows(a, b, a, b, [0, 0, 1, 0])), [1.0, 1.0, 0.5, 0.5, 1.0])
+    assert len(store) == 3
+
+
+def test_threshold_is_inclusive_and_best_match_counts():
+    store = NoveltyStore(dim=DIM, similarity_threshold=0.8)
+    store.visit(rows([1, 0, 0, 0], [0, 1, 0, 0]))
+    # Cosine 0.8 with the first state (a match), 0.6 with the second.
+    np.testing.assert_allclose(store.visit(rows([0.8, 0.6, 0, 0])), [0.5])
+    np.testing.assert_allclose(store.visit(rows([1, 0, 0, 0], [0, 1, 0, 0])), [1 / 3, 1 / 2])
+
+
+def test_scopes_are_isolated():
+    store = NoveltyStore(dim=DIM)
+    e = [1, 0, 0, 0]
+    np.testing.assert_allclose(store.visit(rows(e, e, e), scopes=["x", "y", "x"]), [1.0, 1.0, 0.5])
+    assert len(store) == 2
+
+
+def test_zero_coefficient_still_records_visits():
+    store = NoveltyStore(dim=DIM, coefficient=0.0)
+    np.testing.assert_array_equal(store.visit(rows([1, 0, 0, 0], [1, 0, 0, 0])), [0.0, 0.0])
+    store.coefficient = 1.0
+    np.testing.assert_allclose(store.visit(rows([1, 0, 0, 0])), [1 / 3])
+
+
+def test_state_dict_round_trip():
+    rng = np.random.default_rng(0)
+    store = NoveltyStore(dim=DIM, similarity_threshold=0.5)
+    store.visit(rng.normal(size=(20, DIM)), scopes=["a", "b"] * 10)
+    state = pickle.loads(pickle.dumps(store.state_dict()))
+    restored = NoveltyStore(dim=DIM, similarity_threshold=0.5)
+    restored.load_state_dict(state)
+    assert len(restored) == len(store)
+    later = rng.normal(size=(10, DIM))
+    np.testing.assert_array_equal(store.visit(later, ["a", "b"] * 5), restored.visit(later, ["a", "b"] * 5))
+    with pytest.raises(ValueError, match="dim"):
+        NoveltyStore(dim=DIM + 1).load_state_dict(state)
+
+
+def test_bad_inputs_rejected():
+    store = NoveltyStore(dim=DIM)
+    with pytest.raises(ValueError, match="embeddings"):
+        store.visit(np.zeros((1, DIM)))
+    with pytest.raises(ValueError, match="embeddings"):
+        store.visit(np.ones(DIM))
+    with pytest.raises(ValueError, match="scopes"):
+        store.visit(np.ones((2, DIM)), scopes=["a"])
+    with pytest.raises(ValueError, match="coefficient"):
+        NoveltyStore(coefficient=-1.0)
+    with pytest.raises(ValueError, match="similarity_threshold"):
+        NoveltyStore(similarity_threshold=2.0)
+    assert len(store) == 0
