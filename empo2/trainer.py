@@ -161,9 +161,14 @@ class Trainer:
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ training loop
-    def train(self) -> dict:
-        """Run the remaining iterations (or only the evaluation for `naive`); return the last metrics."""
+    def train(self, stop_after: int | None = None) -> dict:
+        """Run the remaining iterations (or only the evaluation for `naive`); return the last metrics.
+
+        `stop_after` runs at most that many iterations now (a later `train()` or a
+        resumed trainer goes on from there, exactly as if never interrupted).
+        """
         cfg = self.cfg
+        stop_at = cfg.iterations if stop_after is None else min(cfg.iterations, self.iteration + stop_after)
         last = {}
         if cfg.method == "naive":
             last = {"iteration": 0, **self.evaluate()}
@@ -171,7 +176,7 @@ class Trainer:
             return last
         bar = tqdm(total=cfg.iterations, initial=self.iteration, desc=cfg.name, disable=not self.show_progress)
         try:
-            while self.iteration < cfg.iterations:
+            while self.iteration < stop_at:
                 last = self.train_iteration()
                 if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations:
                     last.update(self.evaluate())
@@ -182,7 +187,7 @@ class Trainer:
                 bar.set_postfix(score=f"{last['train/score']:.1f}", eval=f"{last.get('eval/score', float('nan')):.1f}")
         finally:
             bar.close()
-        if not cfg.checkpoint_every or self.iteration % cfg.checkpoint_every:
+        if self.iteration and (not cfg.checkpoint_every or self.iteration % cfg.checkpoint_every):
             self.save_checkpoint()
         return last
 

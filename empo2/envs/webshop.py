@@ -1,0 +1,751 @@
+"""WebShop in text mode: search a product catalogue, open items, pick options, buy.
+
+A pure-Python re-implementation of the text mode of WebShop (Yao et al., 2022,
+"WebShop: Towards Scalable Real-World Web Interaction with Grounded Language
+Agents"; MIT licence, Copyright (c) 2023 Princeton Natural Language Processing)
+with the same pages, buttons, goals and reward, and no web server, Java or spaCy.
+
+    env = make_env("webshop")                     # the shipped 100-product catalogue
+    observation, info = env.reset(env.train_variations[0])
+    result = env.step("search[men's tuxedo shirt]")
+    result = env.step("click[b09nnmv9ln]")        # an ASIN listed on the results page
+    result = env.step("click[xx-large]")          # an option value listed on the item page
+    result = env.step("click[buy now]")           # reward terms in info["reward_breakdown"]
+
+Pages and actions (``info["valid_actions"]`` lists what each page admits):
+
+* search page: ``search[<any query>]`` (listed as ``search[...]``);
+* results page, 10 products a page out of the top 50 BM25 hits: ``click[<asin>]``,
+  ``click[next >]``, ``click[< prev]``, ``click[back to search]``;
+* item page: ``click[<option value>]`` (one value per option name; a later click of
+  the same option replaces it), ``click[description]``, ``click[features]``,
+  ``click[reviews]``, ``click[attributes]`` (only with ``show_attrs=True``, as in
+  WebShop), ``click[< prev]`` (back to the results page), ``click[back to search]``,
+  ``click[buy now]`` (ends the episode);
+* description / features / reviews / attributes sub-pages: ``click[< prev]`` (back
+  to the item, options kept), ``click[back to search]``.
+
+An action is the first ``search[...]`` / ``click[...]`` in the text (case and
+surrounding words ignored). Anything not admissible on the current page is
+answered with an ``Invalid action: ...`` observation, leaves the page as it is
+and uses a step (``snap_actions=True`` instead snaps unparsable text to the most
+similar valid click, like the other environments). After ``max_steps`` steps
+(15) the episode ends with ``truncated=True`` and reward 0.
+
+Reward at ``buy now``: `empo2.envs.webshop_reward.webshop_reward` (attributes,
+options, price bound, product-type factor); score = 100 x reward, and
+``StepResult.reward`` is the score change; ``info["success"]`` is reward == 1.
+
+WebShop data
+------------
+The package ships real WebShop data in ``data/webshop/`` (MIT licence, see the
+LICENSE file there): ``products_100.jsonl``, the first 100 products of WebShop's
+1,000-product catalogue in the search engine's document format (``id``,
+``contents``, ``product``), and ``items_ins_v2_1000.json``, the attributes and
+crowd-written instructions of the 1,000 products. 44 of the 100 products have an
+instruction; one synthetic goal per combination of their option values gives
+501 goals. They are shuffled with ``seed`` and split into ``test_variations``
+(the first ``n_test_goals``: by default 500 when there are at least 2,500 goals,
+else a fifth, i.e. 100 here) and ``train_variations`` (the rest, 401 here);
+``split_by="product"`` keeps all goals of one product on the same side.
+
+With the official files of the WebShop release, point the environment at them:
+
+    WebShopEnv(products_path="…/items_shuffle_1000.json",      # or items_shuffle.json
+               instructions_path="…/items_ins_v2_1000.json",   # or items_ins_v2.json
+               human_goals_path="…/items_human_ins.json",
+               goal_source="human")                             # or "synthetic"
+
+``products_path`` may be the raw product list (``items_shuffle*.json``: ``asin``,
+``name``, ``full_description``, ``small_description``, ``pricing``,
+``customization_options``, ``category``, ``query``, ``product_category``,
+``images``, …), an already-loaded list (``Title``, ``Description``,
+``BulletPoints``, ``pricing``, ``Price``, ``options``, ``Attributes``, …), or the
+search engine's ``documents.jsonl`` (as shipped here); ``num_products`` keeps the
+first N products, as WebShop's ``num_products`` does. ``instructions_path``
+defaults to the shipped ``items_ins_v2_1000.json`` (enough for any subset of the
+1,000-product catalogue; the full catalogue needs the full ``items_ins_v2.json``).
+Human goals take the crowd-written instruction, its attributes and its options (a
+list of values) for every product of the catalogue that has them; without
+``human_goals_path`` they come from ``data/webshop/items_human_ins.json`` when it
+exists, else from the ``instructions`` the products carry (one product of the
+shipped 100 does: a single goal, so use the synthetic goals here).
+
+Differences from the official environment: search is BM25 from ``bm25s``
+(Lucene scoring, k1 = 0.9, b = 0.4 as Pyserini's defaults, Lucene's English stop
+words) with a plural-only stemmer instead of Pyserini's Porter stemmer, so
+rankings differ somewhat; ``search[...]`` is admissible on the search page only;
+prices of products with a price range are drawn with ``seed`` (WebShop draws them
+unseeded); the reward's title score uses content words instead of spaCy nouns
+(see `empo2.envs.webshop_reward`); reviews are empty in the shipped data.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import random
+import re
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Iterable
+
+import bm25s
+import numpy as np
+from bm25s.stopwords import STOPWORDS_EN
+
+from empo2.envs.base import StepResult, snap_action
+from empo2.envs.webshop_reward import webshop_reward
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "webshop"
+"""Where the shipped WebShop data lives (the repository's ``data/webshop``)."""
+DEFAULT_PRODUCTS = "products_100.jsonl"
+DEFAULT_INSTRUCTIONS = "items_ins_v2_1000.json"
+DEFAULT_HUMAN_GOALS = "items_human_ins.json"
+
+SEARCH_RETURN_N = 50
+"""Products a search returns (WebShop's SEARCH_RETURN_N)."""
+PRODUCT_WINDOW = 10
+"""Products a results page shows."""
+PRICE_RANGE = [10.0 * i for i in range(1, 100)]
+"""Candidate price bounds of a goal: $10 .. $990."""
+SUB_PAGES = ("description", "features", "reviews", "attributes")
+NO_PRICE_BOUND = 1_000_000.0
+
+BACK_TO_SEARCH = "back to search"
+NEXT_PAGE = "next >"
+PREV_PAGE = "< prev"
+BUY_NOW = "buy now"
+SEARCH_ACTION = "search[...]"
+
+_EXACT_ACTION = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
+_ANY_ACTION = re.compile(r"(search|click)\s*\[(.*?)\]", re.IGNORECASE | re.DOTALL)
+_SPACES = re.compile(r"\s+")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _read_json_or_jsonl(path: Path) -> Any:
+    if not path.exists():
+        raise FileNotFoundError(f"webshop: data file {path} does not exist")
+    with path.open(encoding="utf-8") as handle:
+        if path.suffix == ".jsonl":
+            return [json.loads(line) for line in handle if line.strip()]
+        return json.load(handle)
+
+
+def _parse_pricing(raw: Any) -> list[float]:
+    """WebShop's ``pricing``: a list of 1-2 floats from a list or a '$12.99 - $15.99' string."""
+    if isinstance(raw, (int, float)):
+        return [float(raw)]
+    if isinstance(raw, (list, tuple)):
+        values = []
+        for item in raw:
+            values += _parse_pricing(item)
+        return values[:2]
+    if isinstance(raw, str) and raw.strip():
+        parts = raw.split("$")[1:] if "$" in raw else [raw]
+        values = []
+        for part in parts:
+            digits = re.sub(r"[^\d.]", "", part)
+            try:
+                values.append(float(Decimal(digits)))
+            except InvalidOperation:
+                continue
+        return values[:2]
+    return []
+
+
+def _price_tag(pricing: list[float]) -> str:
+    return f"${pricing[0]}" if len(pricing) == 1 else f"${pricing[0]} to ${pricing[1]}"
+
+
+def _parse_options(product: dict) -> dict[str, list[str]]:
+    """Option name -> values: the loaded ``options``, else the raw ``customization_options``."""
+    options = product.get("options")
+    if isinstance(options, dict) and options:
+        return {str(k).lower(): [str(v) for v in values] for k, values in options.items() if values}
+    raw = product.get("customization_options")
+    if not isinstance(raw, dict):
+        return {}
+    parsed = {}
+    for name, contents in raw.items():
+        if not contents:
+            continue
+        values = []
+        for content in contents:
+            value = content.get("value") if isinstance(content, dict) else content
+            if value is None:
+                continue
+            values.append(str(value).strip().replace("/", " | ").lower())
+        if values:
+            parsed[str(name).lower()] = values
+    return parsed
+
+
+def _normalise_reviews(reviews: Any) -> list[dict]:
+    result = []
+    for review in reviews or []:
+        if not isinstance(review, dict):
+            continue
+        result.append(
+            {
+                "title": str(review.get("title", "")),
+                "score": review.get("score", review.get("stars", "")),
+                "body": str(review.get("body", review.get("review", ""))),
+            }
+        )
+    return result
+
+
+def _contents(product: dict) -> str:
+    """The text WebShop's search engine indexes: title, description, first bullet, options."""
+    option_text = ", and ".join(f"{name}: {', '.join(values)}" for name, values in product["options"].items())
+    first_bullet = product["BulletPoints"][0] if product["BulletPoints"] else ""
+    return " ".join([product["Title"], product["Description"], first_bullet, option_text]).lower()
+
+
+def load_products(
+    products_path: str | Path,
+    instructions: dict | None = None,
+    num_products: int | None = None,
+) -> list[dict]:
+    """Read a WebShop product file and return the products as WebShop's engine holds them.
+
+    `products_path`: ``items_shuffle*.json`` (raw or loaded product dicts, a JSON
+    list) or the search engine's ``documents.jsonl`` (``id``, ``contents``,
+    ``product``). Each returned dict has ``asin``, ``name``, ``Title``,
+    ``Description``, ``BulletPoints``, ``pricing`` (1-2 floats), ``Price`` (text),
+    ``options`` ({name: [values]}), ``Attributes``, ``Reviews``, ``Rating``,
+    ``category``, ``query`` (lower-cased), ``product_category``, ``contents`` (the
+    indexed text) and any other field of the file. `instructions` (the contents of
+    ``items_ins_v2*.json``) supplies ``Attributes`` for the products it lists.
+    Products with a bad or repeated ASIN are skipped, as in WebShop.
+    """
+    raw = _read_json_or_jsonl(Path(products_path))
+    if isinstance(raw, dict):
+        raw = list(raw.values())
+    if not isinstance(raw, list):
+        raise ValueError(f"webshop: {products_path} holds no list of products")
+    if num_products is not None:
+        raw = raw[:num_products]
+    products, seen = [], set()
+    for entry in raw:
+        contents = None
+        if isinstance(entry, dict) and "product" in entry and isinstance(entry["product"], dict):
+            contents = entry.get("contents")
+            product = dict(entry["product"])
+            product.setdefault("asin", entry.get("id"))
+        else:
+            product = dict(entry)
+        asin = str(product.get("asin") or "")
+        if not asin or asin == "nan" or len(asin) > 10 or asin in seen:
+            continue
+        seen.add(asin)
+        title = product.get("Title") or product.get("name") or ""
+        product["asin"] = asin
+        product["Title"] = str(title)
+        product["name"] = str(product.get("name") or title)
+        description = product.get("Description")
+        if description is None:
+            description = product.get("full_description") or ""
+        product["Description"] = str(description)
+        bullets = product.get("BulletPoints")
+        if bullets is None:
+            bullets = product.get("small_description") or []
+        product["BulletPoints"] = [str(b) for b in (bullets if isinstance(bullets, list) else [bullets])]
+        pricing = _parse_pricing(product.get("pricing"))
+        if not pricing:
+            pricing = _parse_pricing(product.get("Price")) or [100.0]
+        product["pricing"] = pricing
+        product["Price"] = _price_tag(pricing)
+        product["options"] = _parse_options(product)
+        if instructions and asin in instructions and "attributes" in instructions[asin]:
+            product["Attributes"] = list(instructions[asin]["attributes"])
+        elif not product.get("Attributes"):
+            product["Attributes"] = ["DUMMY_ATTR"]
+        product["Reviews"] = _normalise_reviews(product.get("Reviews"))
+        product["Rating"] = product.get("Rating", "N.A.")
+        product["category"] = str(product.get("category", ""))
+        product["query"] = str(product.get("query", "")).lower().strip()
+        product["product_category"] = str(product.get("product_category", ""))
+        product["contents"] = contents if isinstance(contents, str) else _contents(product)
+        products.append(product)
+    if not products:
+        raise ValueError(f"webshop: no products in {products_path}")
+    return products
+
+
+def product_prices(products: Iterable[dict], rng: random.Random) -> dict[str, float]:
+    """The price each product sells at: its price, or a uniform draw in its price range."""
+    prices = {}
+    for product in products:
+        pricing = product["pricing"]
+        prices[product["asin"]] = pricing[0] if len(pricing) == 1 else rng.uniform(*pricing[:2])
+    return prices
+
+
+def _price_bound(price: float, rng: random.Random) -> tuple[float, str]:
+    """WebShop's goal price bound: the larger of two of the 4 round prices above `price`."""
+    candidates = [p for p in PRICE_RANGE if p > price][:4]
+    if len(candidates) < 2:
+        return NO_PRICE_BOUND, ""
+    upper = max(rng.sample(candidates, 2))
+    return upper, f", and price lower than {upper:.2f} dollars"
+
+
+def _goal_base(product: dict) -> dict:
+    return {
+        "asin": product["asin"],
+        "category": product["category"],
+        "query": product["query"],
+        "product_category": product["product_category"],
+        "name": product["Title"],
+    }
+
+
+def synthetic_goals(
+    products: list[dict], instructions: dict, prices: dict[str, float], rng: random.Random
+) -> list[dict]:
+    """WebShop's synthetic goals: per product with an instruction, one goal per option combination.
+
+    The goal text is ``<instruction> with <name>: <value>, and ... , and price lower
+    than <bound> dollars``; ``attributes`` are the instruction's attributes,
+    ``goal_options`` the combination ({name: value}), ``price_upper`` the bound.
+    """
+    goals = []
+    for product in products:
+        entry = instructions.get(product["asin"], {})
+        text = entry.get("instruction") or product.get("instruction_text")
+        attributes = entry.get("instruction_attributes") or product.get("instruction_attributes")
+        if not text or not attributes:
+            continue
+        price_upper, price_text = _price_bound(prices[product["asin"]], rng)
+        names = sorted(product["options"])
+        for combination in itertools.product(*(product["options"][name] for name in names)):
+            goal_options = dict(zip(names, combination))
+            option_text = ", and ".join(f"{k}: {v}" for k, v in goal_options.items())
+            option_text = f" with {option_text}" if option_text else ""
+            goals.append(
+                {
+                    **_goal_base(product),
+                    "instruction_text": f"{text}{option_text}{price_text}",
+                    "attributes": list(attributes),
+                    "goal_options": goal_options,
+                    "price_upper": price_upper,
+                    "source": "synthetic",
+                }
+            )
+    return goals
+
+
+def human_goals(
+    products: list[dict], human_instructions: dict, prices: dict[str, float], rng: random.Random
+) -> list[dict]:
+    """WebShop's human goals: every crowd-written instruction (with attributes) of a catalogue product.
+
+    ``goal_options`` is the instruction's list of option values. Instructions
+    without attributes are skipped, as in WebShop.
+    """
+    goals = []
+    for product in products:
+        entries = human_instructions.get(product["asin"])
+        if entries is None:
+            entries = product.get("instructions") or []
+        for entry in entries:
+            attributes = entry.get("instruction_attributes") or []
+            if not attributes:
+                continue
+            price_upper, price_text = _price_bound(prices[product["asin"]], rng)
+            goals.append(
+                {
+                    **_goal_base(product),
+                    "instruction_text": str(entry["instruction"]).strip(".") + price_text,
+                    "attributes": list(attributes),
+                    "goal_options": [str(o) for o in entry.get("instruction_options") or []],
+                    "price_upper": price_upper,
+                    "source": "human",
+                }
+            )
+    return goals
+
+
+def _plural_stem(tokens: list[str]) -> list[str]:
+    """Plural-only stemmer: Harman's S-stemmer ('ies' -> 'y', 'es' -> 'e', 's' -> '', not
+    after 'ss', 'us', 'is'), with '-es' dropped after a sibilant ('dresses' -> 'dress')."""
+    stems = []
+    for token in tokens:
+        if len(token) > 4 and token.endswith(("sses", "xes", "zes", "ches", "shes")):
+            token = token[:-2]
+        elif len(token) > 3 and token.endswith("ies") and not token.endswith(("eies", "aies")):
+            token = token[:-3] + "y"
+        elif len(token) > 3 and token.endswith("es") and not token.endswith(("aes", "ees", "oes")):
+            token = token[:-1]
+        elif len(token) > 3 and token.endswith("s") and not token.endswith(("us", "ss", "is")):
+            token = token[:-1]
+        stems.append(token)
+    return stems
+
+
+class ProductSearch:
+    """BM25 (bm25s, Lucene variant) over the products' indexed ``contents``."""
+
+    def __init__(self, products: list[dict], k1: float = 0.9, b: float = 0.4):
+        self.asins = [p["asin"] for p in products]
+        corpus = self._tokenize([p["contents"] for p in products])
+        self.retriever = bm25s.BM25(k1=k1, b=b, method="lucene")
+        self.retriever.index(corpus, show_progress=False)
+
+    @staticmethod
+    def _tokenize(texts: list[str]) -> list[list[str]]:
+        return bm25s.tokenize(
+            texts, stopwords=list(STOPWORDS_EN), stemmer=_plural_stem, return_ids=False, show_progress=False
+        )
+
+    def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[str]:
+        """ASINs of the products matching `query`, best first (ties by catalogue order)."""
+        tokens = self._tokenize([query.lower()])[0]
+        tokens = [t for t in tokens if t in self.retriever.vocab_dict]
+        if not tokens:
+            return []
+        scores = np.asarray(self.retriever.get_scores(tokens), dtype=np.float64)
+        order = np.argsort(-scores, kind="stable")
+        return [self.asins[i] for i in order[:k] if scores[i] > 0]
+
+
+# ---------------------------------------------------------------------------- env
+
+
+def _default_path(path: str | Path | None, name: str) -> Path:
+    if path is not None:
+        return Path(path)
+    default = DATA_DIR / name
+    if not default.exists():
+        raise FileNotFoundError(
+            f"webshop: shipped data file {default} is missing; the repository's data/webshop/ "
+            "folder should hold it (or pass products_path= / instructions_path= explicitly)"
+        )
+    return default
+
+
+class WebShopEnv:
+    """WebShop's text mode over a product catalogue; one goal (variation) per episode.
+
+    Variations are indices into the seeded, shuffled goal list: the first
+    `n_test_goals` are `test_variations`, the rest `train_variations` (or, with
+    ``split_by="product"``, whole products go to test until it holds
+    `n_test_goals` goals).
+    """
+
+    task_name = "webshop"
+
+    def __init__(
+        self,
+        *,
+        products_path: str | Path | None = None,
+        instructions_path: str | Path | None = None,
+        human_goals_path: str | Path | None = None,
+        goal_source: str = "synthetic",
+        max_steps: int = 15,
+        n_test_goals: int | None = None,
+        split_by: str = "goal",
+        seed: int = 0,
+        num_products: int | None = None,
+        show_attrs: bool = False,
+        snap_actions: bool = False,
+    ):
+        if goal_source not in ("synthetic", "human"):
+            raise ValueError(f"webshop: goal_source must be 'synthetic' or 'human', not {goal_source!r}")
+        if split_by not in ("goal", "product"):
+            raise ValueError(f"webshop: split_by must be 'goal' or 'product', not {split_by!r}")
+        self.max_steps = max_steps
+        self.goal_source = goal_source
+        self.seed = seed
+        self.show_attrs = show_attrs
+        self.snap_actions = snap_actions
+
+        products_file = _default_path(products_path, DEFAULT_PRODUCTS)
+        instructions_file = _default_path(instructions_path, DEFAULT_INSTRUCTIONS)
+        instructions = _read_json_or_jsonl(instructions_file)
+        self.products = load_products(products_file, instructions, num_products)
+        self.product_by_asin = {p["asin"]: p for p in self.products}
+        rng = random.Random(seed)
+        self.prices = product_prices(self.products, rng)
+
+        if goal_source == "synthetic":
+            goals = synthetic_goals(self.products, instructions, self.prices, rng)
+        else:
+            if human_goals_path is None and (DATA_DIR / DEFAULT_HUMAN_GOALS).exists():
+                human_goals_path = DATA_DIR / DEFAULT_HUMAN_GOALS
+            human = _read_json_or_jsonl(Path(human_goals_path)) if human_goals_path is not None else {}
+            goals = human_goals(self.products, human, self.prices, rng)
+        if not goals:
+            raise ValueError(
+                f"webshop: no {goal_source} goals for the {len(self.products)} products of {products_file} "
+                f"(instructions: {instructions_file}, human goals: {human_goals_path})"
+            )
+        random.Random(seed).shuffle(goals)
+        self.goals = goals
+
+        n = len(goals)
+        if n_test_goals is None:
+            n_test_goals = 500 if n >= 2500 else n // 5
+        if not 0 <= n_test_goals <= n:
+            raise ValueError(f"webshop: n_test_goals must be in 0..{n}, not {n_test_goals}")
+        if split_by == "goal":
+            test = list(range(n_test_goals))
+        else:
+            per_asin: dict[str, int] = {}
+            for goal in goals:  # products in order of first appearance in the shuffled goals
+                per_asin[goal["asin"]] = per_asin.get(goal["asin"], 0) + 1
+            test_asins, n_test = set(), 0
+            for asin, count in per_asin.items():
+                if n_test >= n_test_goals:
+                    break
+                test_asins.add(asin)
+                n_test += count
+            test = [i for i, g in enumerate(goals) if g["asin"] in test_asins]
+        test_set = set(test)
+        self.test_variations = test
+        self.train_variations = [i for i in range(n) if i not in test_set]
+
+        self.search_engine = ProductSearch(self.products)
+        self._goal: dict | None = None
+        self._done = True
+
+    # ------------------------------------------------------------------ pages
+
+    def _results_window(self) -> list[str]:
+        start = (self._page_num - 1) * PRODUCT_WINDOW
+        return self._results[start : start + PRODUCT_WINDOW]
+
+    def _clickables(self) -> dict[str, tuple[str, str | None]]:
+        """Lower-cased button text -> (kind, argument) on the current page."""
+        page = self._page
+        buttons: dict[str, tuple[str, str | None]] = {}
+        if page == "results":
+            buttons[BACK_TO_SEARCH] = ("back", None)
+            if self._page_num > 1:
+                buttons[PREV_PAGE] = ("prev", None)
+            if self._page_num * PRODUCT_WINDOW < len(self._results):
+                buttons[NEXT_PAGE] = ("next", None)
+            for asin in self._results_window():
+                buttons[asin.lower()] = ("item", asin)
+        elif page == "item":
+            buttons[BACK_TO_SEARCH] = ("back", None)
+            buttons[PREV_PAGE] = ("prev", None)
+            for name, values in self._product["options"].items():
+                for value in values:
+                    buttons[_SPACES.sub(" ", value.lower()).strip()] = ("option", name + "\x00" + value)
+            for sub in SUB_PAGES:
+                if sub != "attributes" or self.show_attrs:
+                    buttons[sub] = ("sub", sub)
+            buttons[BUY_NOW] = ("buy", None)
+        elif page == "sub":
+            buttons[BACK_TO_SEARCH] = ("back", None)
+            buttons[PREV_PAGE] = ("prev", None)
+        return buttons
+
+    def _valid_actions(self) -> list[str]:
+        if self._done:
+            return []
+        if self._page == "search":
+            return [SEARCH_ACTION]
+        return [f"click[{text}]" for text in self._clickables()]
+
+    def _render(self) -> str:
+        instruction = f"Instruction: [SEP] {self._goal['instruction_text']}"
+        if self._page == "search":
+            return f"WebShop [SEP] {instruction} [SEP] Search"
+        parts = [instruction, "Back to Search"]
+        if self._page == "results":
+            parts.append(f"Page {self._page_num} (Total results: {len(self._results)})")
+            if self._page_num > 1:
+                parts.append("< Prev")
+            if self._page_num * PRODUCT_WINDOW < len(self._results):
+                parts.append("Next >")
+            for asin in self._results_window():
+                product = self.product_by_asin[asin]
+                parts += [asin, product["Title"], product["Price"]]
+            return " [SEP] ".join(parts)
+        product = self._product
+        parts.append("< Prev")
+        if self._page == "item":
+            clicked = [f"You have clicked {value}." for value in self._options.values()]
+            for name, values in product["options"].items():
+                parts += [name, *values]
+            parts += [product["Title"], f"Price: {product['Price']}", f"Rating: {product['Rating']}"]
+            parts += [sub.capitalize() for sub in SUB_PAGES if sub != "attributes" or self.show_attrs]
+            parts.append("Buy Now")
+            return " [SEP] ".join(clicked + parts)
+        if self._sub == "description":
+            parts.append(product["Description"] or "(no description)")
+        elif self._sub == "features":
+            parts += product["BulletPoints"] or ["(no features)"]
+        elif self._sub == "reviews":
+            for review in product["Reviews"]:
+                parts += [review["title"], str(review["score"]), review["body"]]
+            if not product["Reviews"]:
+                parts.append("(no reviews)")
+        else:
+            parts += product["Attributes"]
+        return " [SEP] ".join(parts)
+
+    @property
+    def _product(self) -> dict:
+        return self.product_by_asin[self._asin]
+
+    def _info(self, **extra) -> dict:
+        return {
+            "task_description": self._goal["instruction_text"],
+            "valid_actions": self._valid_actions(),
+            "state_text": self._state_text,
+            "goal": copy.deepcopy(self._goal),
+            "page": self._page,
+            **extra,
+        }
+
+    # ------------------------------------------------------------------- API
+
+    @property
+    def n_goals(self) -> int:
+        return len(self.goals)
+
+    def reset(self, variation: int) -> tuple[str, dict]:
+        n = len(self.goals)
+        if isinstance(variation, bool) or not isinstance(variation, (int, np.integer)) or not 0 <= variation < n:
+            raise ValueError(
+                f"variation {variation!r} is not valid for webshop; allowed: 0..{n - 1} "
+                f"({len(self.train_variations)} train, {len(self.test_variations)} test)"
+            )
+        self._variation = int(variation)
+        self._goal = self.goals[self._variation]
+        self._page = "search"
+        self._keywords: str | None = None
+        self._results: list[str] = []
+        self._page_num = 1
+        self._asin: str | None = None
+        self._options: dict[str, str] = {}
+        self._sub: str | None = None
+        self._steps = 0
+        self._score = 0.0
+        self._done = False
+        self._state_text = self._render()
+        return self._state_text, self._info()
+
+    def _parse(self, text: str) -> tuple[str, str] | None:
+        match = _EXACT_ACTION.match(text) or _ANY_ACTION.search(text)
+        if match is None:
+            return None
+        return match.group(1).lower(), _SPACES.sub(" ", match.group(2)).strip()
+
+    def step(self, text: str) -> StepResult:
+        if self._goal is None:
+            raise RuntimeError("webshop: call reset() before step()")
+        if self._done:
+            raise RuntimeError("webshop: the episode is over; call reset()")
+        self._steps += 1
+        previous_score = self._score
+        clickables = self._clickables()
+        parsed = self._parse(text)
+        if parsed is None and self.snap_actions and self._page != "search":
+            parsed = self._parse(snap_action(text, self._valid_actions()))
+        extra: dict[str, Any] = {}
+        error = None
+        executed = None
+        if parsed is None:
+            error = "expected search[query] or click[button]."
+        elif parsed[0] == "search":
+            if self._page != "search":
+                error = "search is only possible on the search page; click[back to search] first."
+            elif not parsed[1]:
+                error = "the search query is empty."
+            else:
+                executed = f"search[{parsed[1]}]"
+                self._keywords = parsed[1]
+                self._results = self.search_engine.search(parsed[1])
+                self._page, self._page_num, self._asin, self._options = "results", 1, None, {}
+        else:
+            button = parsed[1].lower()
+            if button not in clickables:
+                error = f"there is no button {button!r} on this page."
+            else:
+                executed = f"click[{button}]"
+                extra = self._click(*clickables[button])
+
+        if error is not None:
+            observation = f"Invalid action: {text.strip()!r}: {error} Valid actions: {', '.join(self._valid_actions())}"
+        elif self._done:
+            observation = extra.pop("observation")
+        else:
+            self._state_text = self._render()
+            observation = self._state_text
+        truncated = not self._done and self._steps >= self.max_steps
+        if truncated:
+            self._done = True
+            extra["success"] = False
+        return StepResult(
+            observation=observation,
+            reward=self._score - previous_score,
+            score=self._score,
+            done=self._done,
+            truncated=truncated,
+            info=self._info(raw_action=text, executed_action=executed, invalid=error is not None, **extra),
+        )
+
+    def _click(self, kind: str, argument: str | None) -> dict:
+        if kind == "back":
+            self._page, self._keywords, self._results = "search", None, []
+            self._asin, self._options, self._sub = None, {}, None
+        elif kind == "next":
+            self._page_num += 1
+        elif kind == "prev":
+            if self._page == "results":
+                self._page_num -= 1
+            elif self._page == "item":
+                self._page, self._asin, self._options = "results", None, {}
+            else:
+                self._page, self._sub = "item", None
+        elif kind == "item":
+            self._page, self._asin, self._options = "item", argument, {}
+        elif kind == "option":
+            name, value = argument.split("\x00", 1)
+            self._options[name] = value
+        elif kind == "sub":
+            self._page, self._sub = "sub", argument
+        elif kind == "buy":
+            return self._buy()
+        return {}
+
+    def _buy(self) -> dict:
+        product = self._product
+        price = self.prices[self._asin]
+        reward, breakdown = webshop_reward(self._goal, product, self._options, price)
+        self._score = 100.0 * reward
+        self._done = True
+        self._page = "done"
+        options = ", ".join(f"{k}: {v}" for k, v in self._options.items()) or "none"
+        self._state_text = " [SEP] ".join(
+            [
+                "Thank you for shopping with us!",
+                f"Purchased: {product['asin']}",
+                product["Title"],
+                f"Options: {options}",
+                f"Price: ${price:.2f}",
+                "Your score (min 0.0, max 1.0)",
+                f"{reward:.4f}",
+            ]
+        )
+        return {
+            "observation": self._state_text,
+            "reward_breakdown": breakdown,
+            "webshop_reward": reward,
+            "success": reward == 1.0,
+            "purchased": {"asin": product["asin"], "options": dict(self._options), "price": price},
+        }
+
+    def close(self) -> None:
+        self._goal = None
+        self._done = True

@@ -1,0 +1,67 @@
+"""Cached lock-step generation equals re-encoding; its log-probs equal a plain forward pass.
+
+Runs in float32 so that "equal" can mean 1e-4: in bfloat16 the two paths round
+differently (differences up to ~0.2 nats were seen), which is precision, not logic.
+"""
+
+import torch
+
+from empo2.chat import ChatFormat, Message
+from empo2.generation import GroupGenerator
+
+OBSERVATIONS = [
+    ["You are in the kitchen. A door leads to the hallway.", "The door is open.", "You are in the hallway."],
+    ["You are in a workshop with a red light bulb, a battery and three wires on a long table.", "Nothing.", "Done."],
+    ["Outside.", "You see a bird in the tree, and a fence.", "The bird flies away."],
+]
+
+
+def _play(model, tokenizer, reuse_cache):
+    chat = ChatFormat(tokenizer)
+    generator = GroupGenerator(model, tokenizer, 3, reuse_cache=reuse_cache, temperature=0)
+    messages = [[Message("system", "You are an agent."), Message("user", "Observation: " + obs[0])]
+                for obs in OBSERVATIONS]
+    outputs = []
+    for turn in range(3):
+        slots = [s for s in range(3) if not (s == 2 and turn == 2)]  # slot 2 ends early
+        responses = generator.generate({s: chat.render(messages[s], True).ids() for s in slots}, 10)
+        for s in slots:
+            ids, logprobs = responses[s]
+            outputs.append((s, turn, ids, logprobs))
+            messages[s].append(Message("assistant", ids=ids))
+            if turn < 2:
+                messages[s].append(Message("user", "Observation: " + OBSERVATIONS[s][turn + 1]))
+    return outputs, generator, messages
+
+
+def test_cache_reuse_matches_reencoding_and_full_forward(policy_fp32):
+    model, tokenizer = policy_fp32
+    cached, cached_gen, messages = _play(model, tokenizer, reuse_cache=True)
+    naive, naive_gen, _ = _play(model, tokenizer, reuse_cache=False)
+    assert cached_gen.prefilled_tokens < 0.6 * naive_gen.prefilled_tokens
+    for (s, t, ids, lps), (_, _, ids2, lps2) in zip(cached, naive):
+        assert ids == ids2, f"slot {s} turn {t}: greedy tokens differ"
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
+    chat = ChatFormat(tokenizer)
+    for slot in range(3):
+        rendered = chat.render(messages[slot], add_generation_prompt=False)
+        ids = rendered.ids()
+        with torch.no_grad():
+            full = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)  # (L, vocab)
+        sampled = [o for o in cached if o[0] == slot]
+        for (start, end), (_, _, response, logprobs) in zip(rendered.response_spans(), sampled):
+            assert ids[start:end] == response
+            expected = torch.stack([full[p - 1, ids[p]] for p in range(start, end)])
+            torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_non_append_only_prompt_is_refused(policy_and_tokenizer):
+    model, tokenizer = policy_and_tokenizer
+    generator = GroupGenerator(model, tokenizer, 1, temperature=0)
+    generator.generate({0: tokenizer("hello there", add_special_tokens=False)["input_ids"]}, 2)
+    try:
+        generator.generate({0: tokenizer("goodbye", add_special_tokens=False)["input_ids"]}, 2)
+    except ValueError as error:
+        assert "append-only" in str(error)
+    else:
+        raise AssertionError("a rewritten prompt must be refused when the cache is reused")

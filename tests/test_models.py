@@ -1,0 +1,42 @@
+"""The offline default models: policy load + one chat generation, embedder shape and norm, errors."""
+
+import numpy as np
+import pytest
+import torch
+
+from empo2.models import DEFAULT_POLICY, resolve_policy_path
+
+
+def test_policy_loads_offline_and_chats(policy_and_tokenizer):
+    model, tokenizer = policy_and_tokenizer
+    assert model.dtype == torch.bfloat16
+    assert sum(p.numel() for p in model.parameters()) > 100_000_000  # the real 135M model, not a stub
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    output = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    reply = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "paris" in reply.lower()
+
+
+def test_embedder_shape_and_unit_norm(embedder):
+    vectors = embedder.encode(["You are in the kitchen.", "A red light bulb is on the table.", "kitchen"])
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[0] @ vectors[2] > vectors[1] @ vectors[2]  # "kitchen" is closer to the kitchen sentence
+    assert embedder.encode([]).shape == (0, 384)
+    with pytest.raises(TypeError, match="list of strings"):
+        embedder.encode("a single string")
+
+
+def test_missing_model_gives_one_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no-such-org/no-such-model.*embedded default"):
+        resolve_policy_path("no-such-org/no-such-model")
+
+
+def test_default_policy_is_cached_after_first_conversion():
+    path = resolve_policy_path(DEFAULT_POLICY)
+    assert (torch.serialization.os.path.exists(f"{path}/model.safetensors"))
+    assert resolve_policy_path(DEFAULT_POLICY) == path

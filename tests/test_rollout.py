@@ -1,0 +1,94 @@
+"""Group rollouts with tips, turn records, and packed vs per-turn log-prob equality.
+
+Uses the toy corridor world (fast, deterministic) with the real default model.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from empo2.envs.toy import CorridorEnv
+from empo2.logprobs import episode_logprobs, tokens_processed
+from empo2.loss import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, policy_loss
+from empo2.memory import TipMemory
+from empo2.rollout import Roller, draw_modes
+
+
+def test_draw_modes_frequencies():
+    rng = np.random.default_rng(0)
+    modes = np.array(draw_modes(20000, 0.25, 2 / 3, rng))
+    assert abs((modes != PLAIN).mean() - 0.25) < 0.02
+    assert abs((modes == OFF_POLICY).sum() / (modes != PLAIN).sum() - 2 / 3) < 0.03
+    assert set(draw_modes(8, 0.0, 0.5, rng)) == {PLAIN}
+    per_iteration = draw_modes(8, 0.5, 0.5, np.random.default_rng(3), per_iteration=True)
+    assert len(set(per_iteration)) == 1 and len(per_iteration) == 8
+
+
+@pytest.fixture(scope="module")
+def memory_episodes(policy_fp32, embedder):
+    model, tokenizer = policy_fp32
+    memory = TipMemory(dim=384, similarity_threshold=0.3, top_k=2)
+    env = CorridorEnv(max_steps=3)
+    states = []
+    for variation in (0,):
+        _, info = env.reset(variation)
+        states.append(info["state_text"])
+    keys = embedder.encode(states * 3)
+    memory.add_many(keys, [f"tip number {i}: go east first." for i in range(3)], [10.0, 20.0, 30.0],
+                    ["corridor:0"] * 3)
+    roller = Roller(model, tokenizer, env_name="corridor", response_tokens=8, tip_tokens=8, embedder=embedder,
+                    memory=memory, generator=torch.Generator().manual_seed(0))
+    envs = [CorridorEnv(max_steps=3) for _ in range(3)]
+    episodes = roller.run(envs, [0, 0, 0], [PLAIN, MEMORY_ON_POLICY, OFF_POLICY], temperature=1.0, write_tips=True)
+    return model, tokenizer, episodes, roller
+
+
+def test_memory_episodes_see_tips_and_records_are_consistent(memory_episodes):
+    _, tokenizer, episodes, roller = memory_episodes
+    plain, memory_on, off_policy = episodes
+    assert all(not turn.tips_shown for turn in plain.turns)
+    assert memory_on.turns[0].tips_shown and off_policy.turns[0].tips_shown
+    assert memory_on.turns[0].tips_shown[0].startswith("tip number 2")  # best score first
+    for episode in episodes:
+        assert episode.tip  # every training episode wrote a tip
+        for turn in episode.turns:
+            assert len(turn.response_ids) == len(turn.behaviour_logprobs) > 0
+            if turn.tips_shown:
+                assert len(turn.prompt_ids) > len(turn.prompt_ids_tip_free)
+                assert "<tip>" in tokenizer.decode(turn.prompt_ids)
+                assert "<tip>" not in tokenizer.decode(turn.prompt_ids_tip_free)
+            else:
+                assert turn.prompt_ids == turn.prompt_ids_tip_free
+    added = roller.store_tips(episodes)
+    assert added > 0 and len(roller.memory) == 3 + added
+
+
+def test_packed_and_per_turn_logprobs_and_loss_agree(memory_episodes):
+    model, _, episodes, _ = memory_episodes
+    multi_turn = [e for e in episodes if len(e.turns) > 1]
+    assert multi_turn, "need at least one multi-turn episode"
+    with torch.no_grad():
+        for episode in episodes:
+            for with_tips in (True, False):
+                packed = episode_logprobs(model, episode, with_tips=with_tips, packed=True)
+                per_turn = episode_logprobs(model, episode, with_tips=with_tips, packed=False)
+                torch.testing.assert_close(packed, per_turn, atol=1e-4, rtol=0)
+                if len(episode.turns) > 1:
+                    assert tokens_processed(episode, with_tips=with_tips, packed=True) < tokens_processed(
+                        episode, with_tips=with_tips, packed=False)
+            # The behaviour log-probs recorded while sampling match the recomputed ones.
+            recorded = torch.tensor([lp for turn in episode.turns for lp in turn.behaviour_logprobs])
+            torch.testing.assert_close(episode_logprobs(model, episode, with_tips=True), recorded, atol=1e-4, rtol=0)
+
+    off_policy = episodes[2]
+    old = episode_logprobs(model, off_policy, with_tips=True).detach()
+    sizes = [len(t.response_ids) for t in off_policy.turns]
+    args = dict(advantages=torch.full((sum(sizes),), 1.5), token_mask=torch.ones(sum(sizes)),
+                modes=torch.full((sum(sizes),), OFF_POLICY),
+                sequence_ids=torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)))
+    losses = []
+    for packed in (True, False):
+        new = episode_logprobs(model, off_policy, with_tips=False, packed=packed)
+        loss, _ = policy_loss(new, old, **args)
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-4, rtol=0)
