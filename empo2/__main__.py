@@ -1,0 +1,133 @@
+"""Command line: `python -m empo2 {demo,train,eval,config}`.
+
+    python -m empo2 demo                                   # one real ScienceWorld episode, step by step
+    python -m empo2 train --method empo2 --task power-component --profile laptop --seed 1
+    python -m empo2 train --profile ci --set p=0.5 --set iterations=3
+    python -m empo2 train ... --resume                     # continue from the run's last checkpoint
+    python -m empo2 train --method naive --task find-animal --profile laptop   # evaluation only
+    python -m empo2 eval --method grpo --task power-component --profile laptop # a run's last checkpoint
+    python -m empo2 config --profile paper                 # print a profile with every field's help
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+import time
+from dataclasses import fields
+
+from empo2.config import METHODS, PROFILES, EMPO2Config
+
+
+def _parse_value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # plain strings need no quotes: --set task=find-animal
+
+
+def config_from_args(args) -> EMPO2Config:
+    overrides = {}
+    for name in ("method", "task", "env", "seed", "experiment", "model"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    for item in args.set or []:
+        if "=" not in item:
+            raise SystemExit(f"--set expects field=value, got {item!r}")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = _parse_value(value.strip())
+    try:
+        return EMPO2Config.from_profile(args.profile, **overrides)
+    except (ValueError, TypeError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+def demo(args) -> None:
+    """One real ScienceWorld episode with the default model, printed turn by turn, then its tip."""
+    import torch
+
+    from empo2.envs import make_env
+    from empo2.loss import PLAIN
+    from empo2.models import load_policy
+    from empo2.rollout import Roller
+
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+    model, tokenizer = load_policy(args.model or "smollm2-135m")
+    print(f"policy loaded in {time.perf_counter() - started:.1f} s")
+    started = time.perf_counter()
+    env = make_env("scienceworld", args.task or "power-component", max_steps=args.steps, n_test_variations=1)
+    try:
+        roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=24, tip_tokens=60,
+                        generator=torch.Generator().manual_seed(args.seed))
+        variation = env.train_variations[0]
+        [episode] = roller.run([env], [variation], [PLAIN], temperature=1.0, write_tips=True)
+    finally:
+        env.close()
+    print(f"\ntask {episode.task}, variation {variation}, {len(episode.turns)} steps\n")
+    for number, turn in enumerate(episode.turns, 1):
+        print(f"step {number:2d}  model wrote: {turn.raw_action.strip()[:70]!r}")
+        print(f"         executed:    {turn.executed_action}")
+        print(f"         observation: {turn.observation.strip()[:110]!r}")
+        print(f"         score {turn.score:.0f} (reward {turn.reward:+.0f})")
+    print(f"\nfinal score {episode.score:.0f}; done={episode.done} truncated={episode.truncated}")
+    print(f"tip written by the policy: {episode.tip!r}")
+    print(f"episode + tip took {time.perf_counter() - started:.1f} s "
+          f"(generation {roller.timer.generation:.1f} s, environment {roller.timer.environment:.1f} s)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m empo2", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo_parser = commands.add_parser("demo", help="one real ScienceWorld episode with the default model")
+    demo_parser.add_argument("--task", default=None)
+    demo_parser.add_argument("--model", default=None)
+    demo_parser.add_argument("--steps", type=int, default=10)
+    demo_parser.add_argument("--seed", type=int, default=0)
+
+    for name, text in (("train", "train a method (empo2, grpo, memory_only) and evaluate it"),
+                       ("eval", "evaluate a run's last checkpoint (or the initial policy) without memory")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--profile", default="laptop", choices=PROFILES)
+        sub.add_argument("--method", default=None, choices=METHODS)
+        sub.add_argument("--task", default=None)
+        sub.add_argument("--env", default=None)
+        sub.add_argument("--model", default=None)
+        sub.add_argument("--seed", type=int, default=None)
+        sub.add_argument("--experiment", default=None)
+        sub.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override any config field")
+        sub.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+        sub.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    config_parser = commands.add_parser("config", help="print a profile's config with every field's help")
+    config_parser.add_argument("--profile", default="laptop", choices=PROFILES)
+
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        demo(args)
+        return
+    if args.command == "config":
+        cfg = EMPO2Config.from_profile(args.profile)
+        helps = EMPO2Config.help()
+        for field in fields(cfg):
+            print(f"{field.name:22s} = {getattr(cfg, field.name)!r:32s}  # {helps[field.name]}")
+        return
+
+    from empo2.trainer import Trainer
+
+    cfg = config_from_args(args)
+    # eval: the run's last checkpoint when there is one (else the initial policy), on the test variations.
+    resume = args.resume or args.command == "eval"
+    with Trainer(cfg, resume=resume, show_progress=not args.quiet) as trainer:
+        metrics = trainer.evaluate() if args.command == "eval" else trainer.train()
+        print(json.dumps(metrics, indent=2))
+        print(f"results in {trainer.run_dir}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
