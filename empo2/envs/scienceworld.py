@@ -1,0 +1,756 @@
+"""ScienceWorld (the paper's main benchmark) behind the `TextEnv` interface.
+
+One `ScienceWorldTask` owns one ScienceWorld simulator, i.e. one JVM reached via
+py4j, bound to one task. It follows the paper's protocol:
+
+* train on the first `n_train_variations` of ScienceWorld's train split, test on
+  the first `n_test_variations` of its test split (fewer when the split is shorter);
+* `easy` simplification (teleport, open doors, self-watering pots, no electrical
+  actions except on electricity tasks);
+* free text is snapped to the valid action with the highest word-set Jaccard
+  similarity (`snap_action`); the meta-commands `reset task` and `task` are never
+  offered;
+* score in [-100, 100]; the reward of a step is the score change, counted from 0 at
+  reset, so the rewards of an episode sum to its final score;
+* the episode ends when ScienceWorld says the task is completed or failed (a wrong
+  `focus on` gives -100), or after `max_steps` steps (`truncated=True`).
+
+Robustness, because long RL runs start thousands of episodes:
+
+* the JVM heap is capped (`jvm_heap`, default 1g: RSS about 400 MiB instead of a
+  quarter of the machine's RAM), so a rollout group of 8 simulators fits a small box;
+* JVM start + load and every step run under a time limit; a timeout or a dead JVM
+  (py4j network error) kills the JVM and starts a fresh one on the same task and
+  variation. A step that hits this ends its episode with `done=True,
+  truncated=True, info["env_restarted"]=True`; `self.restarts` counts restarts;
+* `close()` shuts the gateway down and makes sure the java process is gone; it is
+  idempotent and also runs from `__del__` and at interpreter exit.
+
+"Ambiguous request": when several objects fit an action, ScienceWorld answers
+"Ambiguous request: ... 0: ... 1: ..." and waits for a number. `step` then answers
+"0" (the first option) inside the same agent step, returns the observation of the
+resolved action, and records `info["ambiguous"]=True` and the listed options in
+`info["ambiguous_options"]`. ScienceWorld's own gold paths answer "0" at such
+prompts too; `gold_actions` therefore drops those "0" entries by default.
+
+An instance is not thread-safe; separate instances may be used from separate threads.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import scienceworld.scienceworld as _sw_module
+from py4j.protocol import Py4JError
+from scienceworld import ScienceWorldEnv
+
+from empo2.envs.base import StepResult, snap_action, words, jaccard
+
+logger = logging.getLogger(__name__)
+
+# The 30 task names, as the simulator's `get_task_names()` lists them (checked
+# against scienceworld 1.2.3; tests/test_scienceworld.py checks it again).
+TASK_NAMES: tuple[str, ...] = (
+    "boil",
+    "change-the-state-of-matter-of",
+    "chemistry-mix",
+    "chemistry-mix-paint-secondary-color",
+    "chemistry-mix-paint-tertiary-color",
+    "find-animal",
+    "find-living-thing",
+    "find-non-living-thing",
+    "find-plant",
+    "freeze",
+    "grow-fruit",
+    "grow-plant",
+    "identify-life-stages-1",
+    "identify-life-stages-2",
+    "inclined-plane-determine-angle",
+    "inclined-plane-friction-named-surfaces",
+    "inclined-plane-friction-unnamed-surfaces",
+    "lifespan-longest-lived",
+    "lifespan-longest-lived-then-shortest-lived",
+    "lifespan-shortest-lived",
+    "measure-melting-point-known-substance",
+    "measure-melting-point-unknown-substance",
+    "melt",
+    "mendelian-genetics-known-plant",
+    "mendelian-genetics-unknown-plant",
+    "power-component",
+    "power-component-renewable-vs-nonrenewable-energy",
+    "test-conductivity",
+    "test-conductivity-of-unknown-substances",
+    "use-thermometer",
+)
+
+# Episode length per task (METHOD.md §2, the released code's table). Exact names,
+# not prefixes: "chemistry-mix" is 60 but "chemistry-mix-paint-*" are 30.
+DEFAULT_MAX_STEPS: dict[str, int] = {
+    "chemistry-mix": 60,
+    "grow-fruit": 60,
+    "freeze": 80,
+    "melt": 80,
+    "change-the-state-of-matter-of": 80,
+    "boil": 100,
+    "measure-melting-point-known-substance": 120,
+    # Not in the release's table (the paper does not use these tasks); this
+    # project gives them the length of their closest sibling task.
+    "grow-plant": 60,
+    "measure-melting-point-unknown-substance": 120,
+}
+FALLBACK_MAX_STEPS = 30
+
+# Entries of ScienceWorld's valid-action list that are commands to the simulator,
+# not actions in the world: never offered to the agent, never snapped to.
+META_ACTIONS = frozenset({"reset task", "task", "reset", "quit", "exit"})
+
+_AMBIGUOUS_PREFIX = "Ambiguous request"
+_RESTART_ATTEMPTS = 3
+_STEP_LIMIT_OFF = 10**9  # ScienceWorldEnv's own step limit, disabled: we count steps.
+
+
+def list_tasks() -> list[str]:
+    """The 30 ScienceWorld task names (no JVM needed)."""
+    return list(TASK_NAMES)
+
+
+def default_max_steps(task: str) -> int:
+    """Episode length of a task in the paper's protocol."""
+    return DEFAULT_MAX_STEPS.get(task, FALLBACK_MAX_STEPS)
+
+
+# --------------------------------------------------------------------------- JVM
+
+
+class SimulatorError(RuntimeError):
+    """The simulator failed in a way a restart is meant to fix (dead JVM, timeout)."""
+
+
+class SimulatorTimeout(SimulatorError, TimeoutError):
+    """A simulator call ran past its time limit."""
+
+
+# Options for the JVM launched by the current thread. `ScienceWorldEnv.__init__`
+# has no way to pass JVM options: it calls py4j's `launch_gateway` (a module
+# global of scienceworld.scienceworld) with fixed arguments. We replace that global
+# once, by a pass-through that appends the options this thread asked for to
+# `javaopts` (py4j's supported parameter for them) and records the process. Other
+# callers of ScienceWorldEnv (no options set in their thread) get the original
+# behaviour unchanged. A thread-local, not a temporary swap of the global, so that
+# simulators may be started from several threads at once.
+_launch_opts = threading.local()
+_original_launch_gateway = _sw_module.launch_gateway
+
+
+def _launch_gateway_with_options(*args, **kwargs):
+    extra = getattr(_launch_opts, "javaopts", None)
+    if not extra:
+        return _original_launch_gateway(*args, **kwargs)
+    kwargs["javaopts"] = list(kwargs.get("javaopts") or []) + list(extra)
+    result = _original_launch_gateway(*args, **kwargs)
+    proc = result[1] if isinstance(result, tuple) else None
+    _launch_opts.proc = proc
+    return result
+
+
+if getattr(_sw_module.launch_gateway, "__name__", "") != _launch_gateway_with_options.__name__:
+    _sw_module.launch_gateway = _launch_gateway_with_options
+
+# Every JVM we launch carries this system property, so the processes of this Python
+# process can be found by command line (also before py4j hands back the handle).
+_OWNER_PROPERTY = "-Dempo2.scienceworld.owner"
+_launch_counter = itertools.count()
+
+
+def _owner_token() -> str:
+    return f"{_OWNER_PROPERTY}={os.getpid()}"
+
+
+def _process_argvs():
+    """(pid, argv as bytes) of every readable process."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    yield int(entry), f.read().split(b"\0")
+            except OSError:
+                continue
+
+
+def _pids_with_cmdline_arg(arg: str) -> list[int]:
+    """Live processes that have `arg` as one of their command-line arguments."""
+    needle = arg.encode()
+    return [pid for pid, argv in _process_argvs() if needle in argv]
+
+
+def running_jvm_pids() -> list[int]:
+    """PIDs of the live JVMs that this Python process started through this module."""
+    prefix = f"{_owner_token()}.".encode()
+    return [pid for pid, argv in _process_argvs() if any(a.startswith(prefix) for a in argv)]
+
+
+# py4j logs every failed connection attempt at ERROR level with a traceback. After
+# one of our JVMs died (killed, crashed, timed out) py4j's proxies of Java objects
+# still try to tell that JVM they were garbage-collected, which gives a dozen such
+# tracebacks per restart. The wrapper handles and logs the event itself (WARNING
+# "restarting the simulator"), so this filter demotes those records to DEBUG, and
+# only for ports of JVMs this module started that are known to be dead.
+_PORT_PROCS: "dict[int, subprocess.Popen]" = {}
+_CONNECT_ERROR = re.compile(r"trying to connect to the Java server \([^:]*:(\d+)\)")
+
+
+class _DeadJvmLogFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        match = _CONNECT_ERROR.search(record.getMessage())
+        proc = _PORT_PROCS.get(int(match.group(1))) if match else None
+        if proc is not None and proc.poll() is not None:
+            logger.debug("py4j (JVM %d is dead): %s", proc.pid, record.getMessage())
+            return False
+        return True
+
+
+logging.getLogger("py4j.java_gateway").addFilter(_DeadJvmLogFilter())
+
+
+def _register_port(port: int, proc: subprocess.Popen) -> None:
+    _PORT_PROCS[port] = proc
+    try:
+        while len(_PORT_PROCS) > 256:  # keep the table small; old ports are long dead
+            _PORT_PROCS.pop(next(iter(_PORT_PROCS)))
+    except (KeyError, RuntimeError, StopIteration):  # pragma: no cover - concurrent update
+        pass
+
+
+def _in_thread(fn: Callable[[], Any], what: str) -> tuple[threading.Thread, dict]:
+    """Start `fn` in a daemon thread; its result or exception lands in the dict."""
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as error:  # handed to the caller
+            box["error"] = error
+
+    thread = threading.Thread(target=target, name=f"scienceworld {what}", daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _run_with_timeout(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Run `fn` in a daemon thread; raise SimulatorTimeout after `timeout` seconds.
+
+    On timeout the thread is left running: the caller kills the JVM, which makes
+    the pending py4j call fail and the thread end.
+    """
+    thread, box = _in_thread(fn, what)
+    thread.join(timeout)
+    if thread.is_alive():
+        raise SimulatorTimeout(f"ScienceWorld {what} took longer than {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _stop_process(proc: subprocess.Popen | None, force: bool = False) -> None:
+    """Stop a JVM process and reap it: SIGTERM then SIGKILL, or SIGKILL at once."""
+    if proc is None:
+        return
+    try:
+        if proc.poll() is None:
+            if force:
+                proc.kill()
+            else:
+                proc.terminate()
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as error:  # pragma: no cover - best effort
+        logger.warning("could not stop ScienceWorld JVM %s: %s", proc.pid, error)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        try:
+            if pipe is not None:
+                pipe.close()
+        except OSError:  # pragma: no cover
+            pass
+
+
+class _Simulator(ScienceWorldEnv):
+    """ScienceWorldEnv whose lifetime the wrapper manages (no close in `__del__`)."""
+
+    def __del__(self):  # ScienceWorldEnv.__del__ would talk to a possibly dead JVM
+        pass
+
+
+def _shutdown_simulator(sim: _Simulator | None, proc: subprocess.Popen | None, force: bool = False) -> None:
+    """Close the py4j gateway (client sockets, callback server) and stop the JVM."""
+    if sim is not None:
+        try:
+            # Not `shutdown()`: that first opens a new connection to the JVM, which
+            # may be dead. `close()` drops the connections and the callback server.
+            sim._gateway.close()
+            # Marked disconnected, later calls (and the finalizers of py4j's Java
+            # object proxies) fail fast instead of retrying a dead port and logging.
+            sim._gateway._gateway_client.is_connected = False
+        except Exception as error:  # pragma: no cover - best effort
+            logger.debug("closing the py4j gateway failed: %s", error)
+    _stop_process(proc, force=force)
+
+
+def _launch_simulator(javaopts: list[str], timeout: float) -> tuple[_Simulator, subprocess.Popen]:
+    """Start a JVM with `javaopts` and connect a simulator to it, within `timeout` s."""
+    token = f"{_owner_token()}.{next(_launch_counter)}"
+    box: dict[str, Any] = {}
+
+    def start():
+        _launch_opts.javaopts = [*javaopts, token]
+        _launch_opts.proc = None
+        try:
+            sim = _Simulator(envStepLimit=_STEP_LIMIT_OFF)
+            box["sim"] = sim
+            return sim, _launch_opts.proc
+        finally:
+            box["proc"] = _launch_opts.proc
+            _launch_opts.javaopts = None
+            _launch_opts.proc = None
+
+    thread, thread_box = _in_thread(start, "JVM start")
+    thread.join(timeout)
+    timed_out = thread.is_alive()
+    if timed_out or "error" in thread_box:
+        # Kill whatever this launch started (found by its token, since py4j only
+        # hands the process back once the JVM has printed its port), until the
+        # start thread has given up; then report.
+        deadline = time.monotonic() + 15
+        while True:
+            for pid in _pids_with_cmdline_arg(token):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if not thread.is_alive() or time.monotonic() > deadline:
+                break
+            thread.join(0.1)
+        _shutdown_simulator(box.get("sim"), box.get("proc"), force=True)
+        if not timed_out:
+            raise SimulatorError(f"ScienceWorld JVM failed to start: {thread_box['error']!r}") from thread_box["error"]
+        raise SimulatorTimeout(f"ScienceWorld JVM start took longer than {timeout:g} s")
+    sim, proc = thread_box["value"]
+    if proc is None:  # pragma: no cover - py4j/scienceworld changed under us
+        _shutdown_simulator(sim, None)
+        raise SimulatorError("could not get hold of the ScienceWorld JVM process")
+    _register_port(sim._gateway.gateway_parameters.port, proc)
+    return sim, proc
+
+
+_LIVE: "weakref.WeakSet[ScienceWorldTask]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for env in list(_LIVE):
+        env.close()
+
+
+# --------------------------------------------------------------------------- env
+
+
+def _filter_actions(actions) -> list[str]:
+    """Valid actions without meta-commands and duplicates, in the simulator's order."""
+    seen: set[str] = set()
+    kept = []
+    for action in actions:
+        if action in seen or action.strip().lower() in META_ACTIONS:
+            continue
+        seen.add(action)
+        kept.append(action)
+    return kept or ["look around"]
+
+
+def _ambiguous_options(observation: str) -> list[str]:
+    """The numbered options listed in an "Ambiguous request" answer."""
+    options = []
+    for line in observation.splitlines():
+        head, sep, rest = line.partition(":")
+        if sep and head.strip().isdigit():
+            options.append(rest.strip())
+    return options
+
+
+class ScienceWorldTask:
+    """One ScienceWorld task behind the `TextEnv` interface (one JVM per instance).
+
+    >>> env = ScienceWorldTask("power-component")
+    >>> observation, info = env.reset(env.train_variations[0])
+    >>> result = env.step("go to the workshop")  # snapped to "go to workshop"
+    >>> env.close()
+    """
+
+    def __init__(
+        self,
+        task: str,
+        *,
+        n_train_variations: int = 5,
+        n_test_variations: int = 20,
+        simplification: str = "easy",
+        max_steps: int | None = None,
+        jvm_heap: str = "1g",
+        load_timeout_s: float = 60.0,
+        step_timeout_s: float = 30.0,
+        jvm_options: tuple[str, ...] = (),
+    ):
+        if task not in TASK_NAMES:
+            raise ValueError(
+                f"scienceworld: unknown task {task!r}; valid tasks: {', '.join(TASK_NAMES)}"
+            )
+        self.task_name = task
+        self.simplification = simplification
+        self.max_steps = int(max_steps) if max_steps is not None else default_max_steps(task)
+        if self.max_steps < 1:
+            raise ValueError(f"scienceworld: max_steps must be >= 1, got {self.max_steps}")
+        self.jvm_heap = jvm_heap
+        self.javaopts = ([f"-Xmx{jvm_heap}"] if jvm_heap else []) + list(jvm_options)
+        self.load_timeout_s = float(load_timeout_s)
+        self.step_timeout_s = float(step_timeout_s)
+        self.restarts = 0
+        self._sim: _Simulator | None = None
+        self._proc: subprocess.Popen | None = None
+        self._closed = False
+        self._variation: int | None = None
+        self._episode_live = False
+        _LIVE.add(self)
+
+        # Start the JVM and load the task (the split accessors need a loaded task).
+        def read_splits():
+            sim = self._sim
+            return self._call(
+                lambda: (
+                    list(sim.get_variations_train()),
+                    list(sim.get_variations_test()),
+                    int(sim.get_max_variations(task)),
+                ),
+                self.load_timeout_s,
+                "split lookup",
+            )
+
+        try:
+            splits = self._start_with_retries(variation=0, gold=False, then=read_splits)
+        except BaseException:
+            self.close()
+            raise
+        self.all_train_variations, self.all_test_variations, self.n_variations = splits
+        self.train_variations = self.all_train_variations[: max(0, n_train_variations)]
+        self.test_variations = self.all_test_variations[: max(0, n_test_variations)]
+
+    # ------------------------------------------------------------ JVM plumbing
+
+    @property
+    def jvm_pid(self) -> int | None:
+        """PID of the current JVM (None once closed)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _kill_jvm(self, force: bool = True) -> None:
+        """Drop the simulator and stop its JVM (SIGKILL unless `force=False`)."""
+        sim, proc = self._sim, self._proc
+        self._sim = self._proc = None
+        _shutdown_simulator(sim, proc, force=force)
+
+    def _call(self, fn: Callable[[], Any], timeout: float, what: str) -> Any:
+        """Run one simulator call under a time limit; on timeout kill the JVM."""
+        if self._sim is None:
+            raise SimulatorError("ScienceWorld JVM is not running")
+        try:
+            return _run_with_timeout(fn, timeout, what)
+        except SimulatorTimeout:
+            self._kill_jvm()
+            raise
+
+    def _start(self, variation: int, gold: bool) -> None:
+        """Start a JVM and load `variation` (one attempt, within load_timeout_s)."""
+        if self._closed:
+            raise RuntimeError("scienceworld: environment is closed")
+        self._kill_jvm()
+        started = time.monotonic()
+        self._sim, self._proc = _launch_simulator(self.javaopts, self.load_timeout_s)
+        remaining = max(1.0, self.load_timeout_s - (time.monotonic() - started))
+        self._load(variation, gold, remaining)
+
+    def _load(self, variation: int, gold: bool, timeout: float) -> None:
+        sim = self._sim
+        self._call(
+            lambda: sim.load(self.task_name, variation, self.simplification, generateGoldPath=gold),
+            timeout,
+            "load",
+        )
+
+    def _start_with_retries(self, variation: int, gold: bool, then: Callable[[], Any] | None = None) -> Any:
+        """`_start` (then `then()`), up to _RESTART_ATTEMPTS times; clear error if all fail."""
+        last: BaseException | None = None
+        for attempt in range(_RESTART_ATTEMPTS):
+            try:
+                self._start(variation, gold)
+                return then() if then is not None else None
+            except (Py4JError, SimulatorError, OSError) as error:
+                last = error
+                logger.warning(
+                    "ScienceWorld %s: simulator start failed (attempt %d/%d): %r",
+                    self.task_name, attempt + 1, _RESTART_ATTEMPTS, error,
+                )
+                self._kill_jvm()
+        message = (
+            f"scienceworld {self.task_name}: the simulator could not be started and loaded "
+            f"in {_RESTART_ATTEMPTS} attempts (load_timeout_s={self.load_timeout_s:g}); "
+            f"last error: {last!r}"
+        )
+        if isinstance(last, TimeoutError):
+            raise TimeoutError(message) from last
+        raise RuntimeError(message) from last
+
+    def _restart(self, variation: int, why: BaseException, gold: bool = False,
+                 then: Callable[[], Any] | None = None) -> Any:
+        """Replace the JVM after an error, load `variation`, run `then()`."""
+        self.restarts += 1
+        logger.warning(
+            "ScienceWorld %s: restarting the simulator (%s: %s)",
+            self.task_name, type(why).__name__, why,
+        )
+        return self._start_with_retries(variation, gold, then)
+
+    # ------------------------------------------------------------ episodes
+
+    def _check_variation(self, variation: int) -> int:
+        if isinstance(variation, bool) or not isinstance(variation, int) or not (
+            0 <= variation < self.n_variations
+        ):
+            raise ValueError(
+                f"scienceworld {self.task_name}: variation {variation!r} is not valid; "
+                f"allowed: 0..{self.n_variations - 1} (train split uses "
+                f"{self.all_train_variations[0]}..{self.all_train_variations[-1]}, "
+                f"test split {self.all_test_variations[0]}..{self.all_test_variations[-1]})"
+            )
+        return variation
+
+    def _snapshot(self, raw: dict) -> dict:
+        """The per-state part of an info dict, from ScienceWorldEnv.step's infos."""
+        return {
+            "valid_actions": _filter_actions(raw["valid"]),
+            "state_text": raw["look"],
+            "inventory": raw["inv"],
+            "task_description": raw["taskDesc"],
+            "moves": raw["moves"],
+        }
+
+    def _reset_loaded(self, variation: int) -> tuple[str, dict]:
+        """Reset the loaded variation and set up the episode bookkeeping."""
+        sim = self._sim
+        observation, raw = self._call(sim.reset, self.step_timeout_s, "reset")
+        self._variation = variation
+        self._steps = 0
+        self._score = 0.0  # rewards count from 0, so they sum to the final score
+        self._state = self._snapshot(raw)
+        self._initial_score = float(raw["score"])
+        self._episode_live = True
+        info = {
+            **self._state,
+            "score": self._initial_score,
+            "variation": variation,
+            "env_restarted": False,
+        }
+        return observation, info
+
+    def reset(self, variation: int) -> tuple[str, dict]:
+        """Load `variation` of the task and start an episode (observation = look around)."""
+        if self._closed:
+            raise RuntimeError("scienceworld: environment is closed")
+        variation = self._check_variation(variation)
+        self._episode_live = False
+        try:
+            if self._sim is None:
+                raise SimulatorError("ScienceWorld JVM is not running")
+            self._load(variation, gold=False, timeout=self.load_timeout_s)
+            return self._reset_loaded(variation)
+        except (Py4JError, SimulatorError) as error:
+            observation, info = self._restart(variation, error, then=lambda: self._reset_loaded(variation))
+            info["env_restarted"] = True
+            return observation, info
+
+    def step(self, text: str) -> StepResult:
+        """Snap `text` to a valid action, execute it, return the outcome."""
+        if self._closed:
+            raise RuntimeError("scienceworld: environment is closed")
+        if not self._episode_live:
+            raise RuntimeError("scienceworld: no running episode; call reset(variation) first")
+        valid = self._state["valid_actions"]
+        action = snap_action(text, valid)
+        exact = action.lower() == text.strip().lower()
+        sim = self._sim
+
+        def execute():
+            observation, _, completed, raw = sim.step(action)
+            options = None
+            if observation.startswith(_AMBIGUOUS_PREFIX):
+                options = _ambiguous_options(observation)
+                observation, _, completed, raw = sim.step("0")
+            return observation, completed, raw, options
+
+        self._steps += 1
+        base_info = {
+            "raw_action": text,
+            "executed_action": action,
+            "exact_match": exact,
+            "similarity": 1.0 if exact else jaccard(words(text), words(action)),
+            "step": self._steps,
+            "variation": self._variation,
+        }
+        try:
+            if sim is None:
+                raise SimulatorError("ScienceWorld JVM is not running")
+            observation, completed, raw, options = self._call(execute, self.step_timeout_s, "step")
+        except (Py4JError, SimulatorError) as error:
+            self._episode_live = False
+            variation, score = self._variation, self._score
+            info = {
+                **base_info,
+                **self._state,
+                "score": score,
+                "ambiguous": False,
+                "env_restarted": True,
+                "env_error": f"{type(error).__name__}: {error}",
+            }
+            self._restart(variation, error, then=lambda: self._reset_loaded(variation))
+            # The fresh simulator is reset on the same variation, but this episode
+            # is over: the caller must call reset() before stepping again.
+            self._episode_live = False
+            return StepResult(
+                observation="The environment stopped unexpectedly and was restarted; the episode ends here.",
+                reward=0.0,
+                score=score,
+                done=True,
+                truncated=True,
+                info=info,
+            )
+
+        score = float(max(-100, min(100, raw["score"])))
+        reward = score - self._score
+        self._score = score
+        self._state = self._snapshot(raw)
+        finished = bool(completed) or score <= -100
+        truncated = not finished and self._steps >= self.max_steps
+        done = finished or truncated
+        if done:
+            self._episode_live = False
+        info = {
+            **base_info,
+            **self._state,
+            "score": score,
+            "ambiguous": options is not None,
+            "env_restarted": False,
+            "completed": bool(completed) and score > -100,
+            "failed": score <= -100,
+        }
+        if options is not None:
+            info["ambiguous_options"] = options
+        return StepResult(
+            observation=observation,
+            reward=reward,
+            score=score,
+            done=done,
+            truncated=truncated,
+            info=info,
+        )
+
+    # ------------------------------------------------------------ extras
+
+    def gold_actions(self, variation: int, keep_ambiguity_answers: bool = False) -> list[str]:
+        """ScienceWorld's gold action sequence for `variation` (ends any running episode).
+
+        By default the "0" entries that answer "Ambiguous request" prompts are dropped,
+        because `step` answers them itself; feeding the result to `step` one by one
+        then replays the gold path.
+        """
+        if self._closed:
+            raise RuntimeError("scienceworld: environment is closed")
+        variation = self._check_variation(variation)
+        self._episode_live = False
+
+        def gold_path():
+            sim = self._sim
+            return self._call(sim.get_gold_action_sequence, self.step_timeout_s, "gold path")
+
+        try:
+            if self._sim is None:
+                raise SimulatorError("ScienceWorld JVM is not running")
+            self._load(variation, gold=True, timeout=self.load_timeout_s)
+            actions = gold_path()
+        except (Py4JError, SimulatorError) as error:
+            actions = self._restart(variation, error, gold=True, then=gold_path)
+        if not keep_ambiguity_answers:
+            actions = [a for a in actions if a.strip() != "0"]
+        return list(actions)
+
+    def gold_transcript(self, variation: int) -> list[dict]:
+        """Play ScienceWorld's gold path for `variation` verbatim (no snapping) and
+        return one dict per action: action, observation, score. Meant for worked
+        examples in prompts; ends any running episode.
+
+        Verbatim matters: gold actions use phrasings that are not always in the
+        valid-action list (e.g. "focus on thermometer in inventory"), and in `easy`
+        mode "open door to X" is a no-op that snapping would turn into "close door".
+        """
+        actions = self.gold_actions(variation, keep_ambiguity_answers=True)
+        sim = self._sim
+
+        def play():
+            sim.reset()
+            transcript = []
+            for action in actions:
+                observation, _, completed, raw = sim.step(action)
+                transcript.append({"action": action, "observation": observation, "score": float(raw["score"])})
+                if completed:
+                    break
+            return transcript
+
+        return self._call(play, self.step_timeout_s + 2.0 * len(actions), "gold transcript")
+
+    def simulator_task_names(self) -> list[str]:
+        """The task names as the running simulator lists them."""
+        sim = self._sim
+        return self._call(sim.get_task_names, self.step_timeout_s, "task names")
+
+    def close(self) -> None:
+        """Shut the gateway down and stop the JVM. Safe to call twice."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._episode_live = False
+        self._kill_jvm(force=False)
+        _LIVE.discard(self)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __enter__(self) -> "ScienceWorldTask":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"jvm pid {self.jvm_pid}"
+        return f"ScienceWorldTask({self.task_name!r}, max_steps={self.max_steps}, {state})"
