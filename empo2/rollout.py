@@ -165,7 +165,10 @@ class Roller:
         needs_memory = any(mode != PLAIN for mode in modes)
         if needs_memory and (self.memory is None or self.embedder is None):
             raise ValueError("run: memory-augmented modes need a memory and an embedder")
-        needs_embeddings = needs_memory or write_tips or (use_novelty and self.novelty is not None)
+        if use_novelty and (self.novelty is None or self.embedder is None):
+            raise ValueError("run: the novelty reward needs a novelty store and an embedder")
+        # Tips are stored under state embeddings, so a roller with an embedder computes them for tips too.
+        needs_embeddings = needs_memory or use_novelty or (write_tips and self.embedder is not None)
 
         episodes, observations, infos = [], [], []
         start = time.perf_counter()
@@ -223,7 +226,7 @@ class Roller:
                 states[i] = result.info.get("state_text", result.observation)
 
             new_embeddings = self._timed_embed([states[i] for i in active], needs_embeddings, memory_part=needs_memory)
-            if use_novelty and self.novelty is not None:
+            if use_novelty:
                 start = time.perf_counter()
                 rewards = self.novelty.visit(
                     new_embeddings, [self.scope(episodes[i].task, episodes[i].variation) for i in active]

@@ -1,0 +1,115 @@
+"""Running experiments from notebooks: run-or-reuse, reading results, plotting helpers.
+
+Notebooks call `run(cfg)`: if `results/<experiment>/<run>/` already holds a
+finished run with exactly this config, it is reused (so a fresh clone
+regenerates every figure from the committed results in seconds); otherwise the
+run is trained, resuming from its last checkpoint if one exists. `force=True`
+retrains from scratch. Figures are drawn from the files only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from empo2.config import EMPO2Config
+
+DONE_FILE = "summary.json"
+"""Written last, when a run finished; its presence marks a run as reusable."""
+
+
+def run_dir(cfg: EMPO2Config) -> Path:
+    return Path(cfg.results_dir) / cfg.experiment / cfg.name
+
+
+def _same_config(saved: dict, cfg: EMPO2Config) -> bool:
+    ignore = {"results_dir"}  # the same run may be read from another checkout location
+    mine = {k: v for k, v in json.loads(json.dumps(cfg.to_dict())).items() if k not in ignore}
+    theirs = {k: v for k, v in saved.items() if k not in ignore}
+    return mine == theirs
+
+
+def is_finished(cfg: EMPO2Config) -> bool:
+    folder = run_dir(cfg)
+    if not (folder / DONE_FILE).exists() or not (folder / "config.json").exists():
+        return False
+    return _same_config(json.loads((folder / "config.json").read_text())["config"], cfg)
+
+
+def run(cfg: EMPO2Config, *, force: bool = False, show_progress: bool = True) -> Path:
+    """Train/evaluate `cfg` unless an identical finished run exists; return its folder."""
+    folder = run_dir(cfg)
+    if not force and is_finished(cfg):
+        print(f"reusing {folder} (finished run with the same config; force=True retrains)")
+        return folder
+    if force:
+        shutil.rmtree(folder, ignore_errors=True)
+    elif folder.exists() and (folder / "config.json").exists():
+        saved = json.loads((folder / "config.json").read_text())["config"]
+        if not _same_config(saved, cfg):  # an unfinished run of another config: start over
+            shutil.rmtree(folder, ignore_errors=True)
+    from empo2.trainer import Trainer
+
+    with Trainer(cfg, resume=True, show_progress=show_progress) as trainer:
+        last = trainer.train()
+    (folder / DONE_FILE).write_text(json.dumps(last, indent=2))
+    return folder
+
+
+def read_jsonl(path: Path) -> pd.DataFrame:
+    rows = []
+    if Path(path).exists():
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return pd.DataFrame(rows)
+
+
+def metrics(folder: Path) -> pd.DataFrame:
+    """One row per iteration; `run`, `method` and `seed` columns added for grouping."""
+    frame = read_jsonl(Path(folder) / "metrics.jsonl")
+    config = json.loads((Path(folder) / "config.json").read_text())["config"]
+    return frame.assign(run=Path(folder).name, method=config["method"], seed=config["seed"])
+
+
+def episodes(folder: Path) -> pd.DataFrame:
+    frame = read_jsonl(Path(folder) / "episodes.jsonl")
+    config = json.loads((Path(folder) / "config.json").read_text())["config"]
+    return frame.assign(run=Path(folder).name, method=config["method"], seed=config["seed"])
+
+
+def final_eval(folders: list[Path]) -> pd.DataFrame:
+    """Final tip-free test score of each run, then mean ± std over seeds per method."""
+    rows = []
+    for folder in folders:
+        frame = metrics(folder)
+        evaluated = frame.dropna(subset=["eval/score"]) if "eval/score" in frame else frame.iloc[0:0]
+        if len(evaluated):
+            last = evaluated.iloc[-1]
+            rows.append({"method": last["method"], "seed": last["seed"], "score": last["eval/score"],
+                         "success": last["eval/success"], "iterations": int(last["iteration"])})
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    return table.groupby("method").agg(score_mean=("score", "mean"), score_std=("score", "std"),
+                                       success=("success", "mean"), seeds=("seed", "count"),
+                                       iterations=("iterations", "max")).reset_index()
+
+
+def save_figure(figure, name: str, results_dir: str = "results") -> Path:
+    """Save a matplotlib figure as results/figures/<name>.png (150 dpi)."""
+    path = Path(results_dir) / "figures" / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=150, bbox_inches="tight")
+    return path
+
+
+def mean_curve(frames: list[pd.DataFrame], column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Iterations, mean and std over runs of `column` (rows where it was recorded)."""
+    merged = pd.concat([f[["iteration", column]].dropna() for f in frames if column in f])
+    grouped = merged.groupby("iteration")[column]
+    return grouped.mean().index.to_numpy(), grouped.mean().to_numpy(), grouped.std().fillna(0).to_numpy()

@@ -1,0 +1,75 @@
+"""Execute the notebook suite with papermill: `python -m empo2.notebooks`.
+
+    python -m empo2.notebooks                      # every notebook at its default profile
+    python -m empo2.notebooks --profile ci         # every notebook at the ci profile
+    python -m empo2.notebooks --only 04 09         # some notebooks
+    python -m empo2.notebooks --force              # retrain instead of reusing saved runs
+
+Executed copies go to `results/executed/`, figures to `results/figures/` (the
+notebooks save them). Saved runs whose config matches are reused, so on a fresh
+clone this regenerates every figure from the committed results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def notebook_paths(only: list[str] | None = None) -> list[Path]:
+    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        paths = [p for p in paths if any(p.name.startswith(prefix) for prefix in only)]
+        if not paths:
+            raise SystemExit(f"--only {' '.join(only)}: no notebook matches; have "
+                             f"{', '.join(p.name for p in sorted(NOTEBOOKS.glob('*.ipynb')))}")
+    return paths
+
+
+def execute(path: Path, results_dir: Path, *, profile: str | None = None, force: bool = False,
+            timeout_s: int = 4 * 3600) -> Path:
+    """Run one notebook with papermill; returns the executed copy's path."""
+    import papermill
+
+    parameters = {"results_dir": str(results_dir), "force": force}
+    if profile is not None:
+        parameters["profile"] = profile
+    output = results_dir / "executed" / path.name
+    output.parent.mkdir(parents=True, exist_ok=True)
+    papermill.execute_notebook(
+        str(path), str(output), parameters=parameters, cwd=str(ROOT), kernel_name="python3",
+        execution_timeout=timeout_s, progress_bar=False, log_output=False,
+    )
+    return output
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", choices=("ci", "laptop", "paper"), default=None,
+                        help="override every notebook's default profile")
+    parser.add_argument("--only", nargs="*", help="notebook number prefixes, e.g. 00 04")
+    parser.add_argument("--force", action="store_true", help="retrain instead of reusing saved runs")
+    parser.add_argument("--results-dir", default=str(ROOT / "results"))
+    args = parser.parse_args(argv)
+    results_dir = Path(args.results_dir).resolve()
+    failures = []
+    for path in notebook_paths(args.only):
+        started = time.perf_counter()
+        print(f"running {path.name} ...", flush=True)
+        try:
+            output = execute(path, results_dir, profile=args.profile, force=args.force)
+            print(f"  done in {time.perf_counter() - started:.0f} s -> {output.relative_to(results_dir.parent)}")
+        except Exception as error:  # keep going: one broken notebook should not hide the others
+            failures.append(path.name)
+            print(f"  FAILED after {time.perf_counter() - started:.0f} s: {type(error).__name__}: {error}")
+    if failures:
+        sys.exit(f"{len(failures)} notebook(s) failed: {', '.join(failures)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The runs behind each notebook, defined once so notebooks and batch jobs agree exactly.
+
+Every function returns `EMPO2Config`s for a profile; `experiments.run` trains or
+reuses them. Runs live under `<results_dir>/<profile>/<experiment>/<run>/`.
+"""
+
+from __future__ import annotations
+
+from empo2.config import EMPO2Config
+from empo2.paper import SCIENCEWORLD_TABLE1
+
+MAIN_TASK = "power-component"
+SEEDS = {"ci": (0, 1), "laptop": (0, 1), "paper": (0, 1, 2)}
+
+
+def _cfg(profile: str, results_dir: str, experiment: str, **overrides) -> EMPO2Config:
+    return EMPO2Config.from_profile(profile, results_dir=f"{results_dir}/{profile}", experiment=experiment,
+                                    **overrides)
+
+
+def main_comparison(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
+    """EMPO² and GRPO on power-component, same budget, several seeds (Fig. 1a)."""
+    return [_cfg(profile, results_dir, "scienceworld", method=method, task=MAIN_TASK, seed=seed)
+            for method in ("empo2", "grpo") for seed in SEEDS[profile]]
+
+
+def baselines(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
+    """Naive (evaluation only) and memory-only on power-component."""
+    return [_cfg(profile, results_dir, "scienceworld", method=method, task=MAIN_TASK, seed=0)
+            for method in ("naive", "memory_only")]
+
+
+def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
+    """The default model without training on the paper's 18 tasks (a few test variations each)."""
+    tasks = list(SCIENCEWORLD_TABLE1)
+    if profile == "ci":
+        tasks = tasks[:: len(tasks) // 3][:3]
+    variations = {"ci": 1, "laptop": 3, "paper": 20}[profile]
+    return [_cfg(profile, results_dir, "naive-18", method="naive", task=task, n_test_variations=variations)
+            for task in tasks]
+
+
+def mode_ablation(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:
+    """Full EMPO² vs without off-policy updates (q = 0) vs without on-policy-with-memory updates (q = 1)."""
+    variants = {"EMPO2 (full)": {}, "without off-policy": {"q": 0.0}, "without on-policy with memory": {"q": 1.0}}
+    return {label: _cfg(profile, results_dir, "ablation-modes", task=MAIN_TASK, run_name=f"empo2-{name}", **values)
+            for (label, values), name in zip(variants.items(), ("full", "q0", "q1"))}
+
+
+def pq_sweep(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:
+    """p in (0.1, 0.25, 0.4, 0.7) at q = 2/3, and q in (0.3, 2/3, 0.85, 0.95) at p = 0.25."""
+    runs = {f"p={p}": _cfg(profile, results_dir, "sweep-pq", task=MAIN_TASK, p=p, run_name=f"empo2-p{p}")
+            for p in (0.1, 0.25, 0.4, 0.7)}
+    for q in (0.3, 2 / 3, 0.85, 0.95):
+        label = f"q={q:.2f}"
+        runs[label] = _cfg(profile, results_dir, "sweep-pq", task=MAIN_TASK, q=q, run_name=f"empo2-q{q:.2f}")
+    return runs
+
+
+def intrinsic_sweep(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:
+    """Intrinsic reward weight: none, 0.5x, 1x, 2x."""
+    return {f"{c}x" if c else "none": _cfg(profile, results_dir, "intrinsic", task=MAIN_TASK, intrinsic_coef=c,
+                                           run_name=f"empo2-int{c}") for c in (0.0, 0.5, 1.0, 2.0)}
+
+
+GROUPS = {
+    "main": main_comparison, "baselines": baselines, "naive18": naive_all_tasks,
+    "ablation": mode_ablation, "sweep": pq_sweep, "intrinsic": intrinsic_sweep,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m empo2.suite PROFILE GROUP [GROUP ...]`: train (or reuse) those runs in order."""
+    import argparse
+
+    from empo2.experiments import run
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("profile", choices=("ci", "laptop", "paper"))
+    parser.add_argument("groups", nargs="+", choices=sorted(GROUPS))
+    parser.add_argument("--results-dir", default="results")
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    for group in args.groups:
+        configs = GROUPS[group](args.profile, args.results_dir)
+        for cfg in configs.values() if isinstance(configs, dict) else configs:
+            run(cfg, force=args.force, show_progress=False)
+            print(f"finished {cfg.experiment}/{cfg.name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
