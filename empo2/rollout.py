@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from empo2.chat import ChatFormat, Message, Rendered, format_tip_block
+from empo2.chat import ChatFormat, Message, format_tip_block
 from empo2.generation import GroupGenerator
 from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN
-from empo2.prompts import SYSTEM_PROMPT, TIP_PROMPT, first_turn, memory_content, next_turn
+from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, extract_action, first_turn,
+                           memory_content, next_turn, single_turn_prompt)
 
 
 @dataclass
@@ -84,13 +85,6 @@ class Episode:
     def success(self) -> bool:
         return self.score >= 100.0
 
-    def rendered(self, chat: ChatFormat) -> Rendered:
-        """The whole conversation (all turns and responses) as token segments."""
-        messages = self.messages
-        if messages and messages[-1].role == "user":  # drop a trailing unanswered turn (tip prompt)
-            messages = messages[:-1]
-        return chat.render(messages, add_generation_prompt=False)
-
 
 def draw_modes(n: int, p: float, q: float, rng: np.random.Generator, per_iteration: bool = False) -> list[int]:
     """Draw the rollout/update mode of n episodes.
@@ -125,7 +119,8 @@ class Roller:
 
     def __init__(self, model, tokenizer, *, env_name: str, response_tokens: int, tip_tokens: int,
                  embedder=None, memory=None, novelty=None, reuse_cache: bool = True,
-                 generator: torch.Generator | None = None, memory_scope: str = "variation"):
+                 generator: torch.Generator | None = None, memory_scope: str = "variation",
+                 prompt_style: str = "chat", history_turns: int = 2):
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer)
@@ -138,6 +133,10 @@ class Roller:
         self.reuse_cache = reuse_cache
         self.generator = generator
         self.memory_scope = memory_scope
+        if prompt_style not in ("chat", "single_turn"):
+            raise ValueError(f"prompt_style: {prompt_style!r} is not allowed; choose chat or single_turn")
+        self.prompt_style = prompt_style
+        self.history_turns = history_turns
         self.timer = RolloutTimer()
         self.last_generator: GroupGenerator | None = None
 
@@ -159,7 +158,9 @@ class Roller:
             raise ValueError("run: need one env, one variation and one mode per episode")
         model_was_training = self.model.training
         self.model.eval()
-        generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=self.reuse_cache,
+        # A single-turn prompt is rewritten every step, so there is no cache to keep.
+        reuse_cache = self.reuse_cache and self.prompt_style == "chat"
+        generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=reuse_cache,
                                    temperature=temperature, generator=self.generator)
         self.last_generator = generator
         needs_memory = any(mode != PLAIN for mode in modes)
@@ -183,10 +184,17 @@ class Roller:
         embeddings = self._timed_embed(states, needs_embeddings, memory_part=needs_memory)
 
         shown_tips: dict[int, list[str]] = {}
+        task_descriptions: list[str] = []
+        histories: list[list[tuple[str, str]]] = [[] for _ in range(n)]  # (action, observation) per episode
         for i, episode in enumerate(episodes):
             tips = self._retrieve(episode, embeddings, i)
-            text = first_turn(self.env_name, infos[i].get("task_description", ""), observations[i], infos[i])
-            episode.messages = [Message("system", SYSTEM_PROMPT), Message("user", text, tips=_block(tips))]
+            task_descriptions.append(infos[i].get("task_description", ""))
+            if self.prompt_style == "chat":
+                text = first_turn(self.env_name, task_descriptions[i], observations[i], infos[i])
+                episode.messages = [Message("system", SYSTEM_PROMPT), Message("user", text, tips=_block(tips))]
+            else:
+                text = single_turn_prompt(task_descriptions[i], 1, [], observations[i], infos[i])
+                episode.messages = [Message("system", SINGLE_TURN_SYSTEM), Message("user", text, tips=_block(tips))]
             shown_tips[i] = tips  # shown in the turn about to be answered
 
         active = list(range(n))
@@ -202,7 +210,8 @@ class Roller:
             results = {}
             for i in active:
                 ids, _ = responses[i]
-                results[i] = envs[i].step(self.tokenizer.decode(ids, skip_special_tokens=True))
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                results[i] = envs[i].step(text if self.prompt_style == "chat" else extract_action(text))
             self.timer.environment += time.perf_counter() - start
 
             for i in active:
@@ -219,6 +228,7 @@ class Roller:
                     state_embedding=None if embeddings is None else embeddings[i].copy(),
                 ))
                 episode.messages.append(Message("assistant", ids=ids))
+                histories[i].append((result.info.get("executed_action", ""), result.observation))
                 episode.score = result.score
                 episode.env_restarts += int(bool(result.info.get("env_restarted")))
                 if result.done:
@@ -243,8 +253,14 @@ class Roller:
                 if episode.done:
                     continue
                 tips = self._retrieve(episode, embeddings, i)
-                text = next_turn(self.env_name, results[i].observation, results[i].info, step + 1, max_steps)
-                episode.messages.append(Message("user", text, tips=_block(tips)))
+                if self.prompt_style == "chat":
+                    text = next_turn(self.env_name, results[i].observation, results[i].info, step + 1, max_steps)
+                    episode.messages.append(Message("user", text, tips=_block(tips)))
+                else:
+                    recent = histories[i][-self.history_turns :] if self.history_turns else []
+                    text = single_turn_prompt(task_descriptions[i], step + 1, recent, results[i].observation,
+                                              results[i].info)
+                    episode.messages = [Message("system", SINGLE_TURN_SYSTEM), Message("user", text, tips=_block(tips))]
                 shown_tips[i] = tips
                 still_active.append(i)
             if progress is not None:

@@ -63,9 +63,17 @@ def intrinsic_sweep(profile: str, results_dir: str = "results") -> dict[str, EMP
                                            run_name=f"empo2-int{c}") for c in (0.0, 0.5, 1.0, 2.0)}
 
 
+def webshop_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
+    """Naive, memory-only, GRPO and EMPO² on the shipped WebShop data (Table 2 shape)."""
+    runs = [_cfg(profile, results_dir, "webshop", env="webshop", method=m, seed=0) for m in ("naive", "memory_only")]
+    runs += [_cfg(profile, results_dir, "webshop", env="webshop", method=m, seed=seed)
+             for m in ("grpo", "empo2") for seed in SEEDS[profile]]
+    return runs
+
+
 GROUPS = {
     "main": main_comparison, "baselines": baselines, "naive18": naive_all_tasks,
-    "ablation": mode_ablation, "sweep": pq_sweep, "intrinsic": intrinsic_sweep,
+    "ablation": mode_ablation, "sweep": pq_sweep, "intrinsic": intrinsic_sweep, "webshop": webshop_runs,
 }
 
 

@@ -128,12 +128,14 @@ class Trainer:
                                     coefficient=cfg.intrinsic_coef)
         self.envs = [self._make_env() for _ in range(cfg.group_size)]
         env = self.envs[0]
-        self.train_variations = list(env.train_variations)
+        # ScienceWorldTask already cuts its splits to n_train / n_test; the other environments are cut here.
+        self.train_variations = list(env.train_variations)[: cfg.n_train_variations]
         self.test_variations = list(env.test_variations)[: cfg.eval_variations or cfg.n_test_variations]
         self.roller = Roller(
             self.model, self.tokenizer, env_name=cfg.env, response_tokens=cfg.response_tokens,
             tip_tokens=cfg.tip_tokens, embedder=self.embedder, memory=self.memory, novelty=self.novelty,
             reuse_cache=cfg.reuse_cache, generator=self.sampler, memory_scope=cfg.memory_scope,
+            prompt_style=cfg.prompt_style, history_turns=cfg.history_turns,
         )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume and self.latest_checkpoint() is not None:
@@ -152,6 +154,10 @@ class Trainer:
         if self.cfg.env == "scienceworld":
             kwargs.update(n_train_variations=self.cfg.n_train_variations,
                           n_test_variations=self.cfg.n_test_variations, jvm_heap=self.cfg.jvm_heap)
+        if self.cfg.env == "webshop":
+            # Small policies rarely write exact click[...] syntax; snap unparsable text to the
+            # most similar admissible click, as free text is snapped in ScienceWorld.
+            kwargs["snap_actions"] = True
         return make_env(self.cfg.env, self.cfg.task, **kwargs)
 
     def precision(self):
@@ -189,7 +195,13 @@ class Trainer:
             bar.close()
         if self.iteration and (not cfg.checkpoint_every or self.iteration % cfg.checkpoint_every):
             self.save_checkpoint()
+        if self.iteration == cfg.iterations and self.trainable:
+            # Small (LoRA) final weights beside the results, for notebooks that reuse the trained policy.
+            torch.save(self.trainable_state(), self.run_dir / "final_weights.pt")
         return last
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
 
     def train_iteration(self) -> dict:
         cfg = self.cfg
@@ -366,8 +378,7 @@ class Trainer:
         partial = root / f".partial-{self.iteration:05d}"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        torch.save({name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad},
-                   partial / "weights.pt")
+        torch.save(self.trainable_state(), partial / "weights.pt")
         if self.optimizer is not None:
             torch.save(self.optimizer.state_dict(), partial / "optimizer.pt")
         self.memory.save(partial / "memory")

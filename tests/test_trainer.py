@@ -88,3 +88,17 @@ def test_naive_and_memory_only_do_not_touch_weights(tmp_path):
         assert "eval/score" in metrics
         if method == "memory_only":
             assert metrics["memory/size"] > 0 and metrics["train/episodes/plain"] == 0
+
+
+def test_full_finetuning_keeps_float32_master_weights(tmp_path):
+    cfg = _cfg(tmp_path, lora_rank=0, iterations=1, eval_every=1, checkpoint_every=0, lr=1e-5, run_name="full")
+    with Trainer(cfg, show_progress=False) as trainer:
+        assert not hasattr(trainer.model, "disable_adapter")
+        assert all(p.dtype == torch.float32 for p in trainer.trainable)
+        embedding = trainer.model.get_input_embeddings().weight
+        before = embedding.detach().clone()
+        metrics = trainer.train()
+        if metrics.get("update/skipped"):
+            pytest.skip("all returns in the group were equal: no gradient this seed")
+        assert not torch.equal(before, embedding.detach())
+        assert math.isfinite(metrics["update/loss"])

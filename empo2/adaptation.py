@@ -1,0 +1,63 @@
+"""Out-of-distribution adaptation: a trained policy, a new task, trials with memory, no weight updates.
+
+Each trial plays a group of memory-augmented episodes on one variation of the
+new task; the policy writes a tip after each episode and the tips are stored, so
+later trials can use what earlier ones learned. Weights never change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from empo2.config import EMPO2Config
+from empo2.envs import make_env
+from empo2.loss import MEMORY_ON_POLICY
+from empo2.memory import TipMemory
+from empo2.models import Embedder, load_policy
+from empo2.rollout import Roller
+
+
+def load_trained_policy(cfg: EMPO2Config, weights: Path | None):
+    """The policy of `cfg` with the LoRA weights saved by a run (or the base model if `weights` is None)."""
+    model, tokenizer = load_policy(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                                   lora_target_modules=cfg.lora_target_modules, device=cfg.device)
+    if weights is not None:
+        state = torch.load(weights)
+        named = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in state.items():
+                named[name].copy_(value)
+    model.requires_grad_(False)
+    return model, tokenizer
+
+
+def adapt(cfg: EMPO2Config, weights: Path | None, target_task: str, *, trials: int = 10,
+          episodes_per_trial: int = 2, seed: int = 0) -> pd.DataFrame:
+    """Scores of `trials` successive memory-augmented trials on `target_task`: one row per episode."""
+    model, tokenizer = load_trained_policy(cfg, weights)
+    embedder = Embedder(cfg.embedder)
+    memory = TipMemory(dim=embedder.dim, capacity=cfg.memory_capacity,
+                       similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
+    kwargs = {"max_steps": cfg.max_steps} if cfg.max_steps else {}
+    envs = [make_env(cfg.env, target_task, n_test_variations=1, **kwargs) for _ in range(episodes_per_trial)]
+    roller = Roller(model, tokenizer, env_name=cfg.env, response_tokens=cfg.response_tokens,
+                    tip_tokens=cfg.tip_tokens, embedder=embedder, memory=memory,
+                    generator=torch.Generator().manual_seed(seed), memory_scope="task")
+    rows = []
+    try:
+        variation = envs[0].test_variations[0]
+        for trial in range(1, trials + 1):
+            episodes = roller.run(envs, [variation] * episodes_per_trial, [MEMORY_ON_POLICY] * episodes_per_trial,
+                                  temperature=cfg.temperature, write_tips=True)
+            roller.store_tips(episodes)
+            for episode in episodes:
+                rows.append({"trial": trial, "score": episode.score, "tip": episode.tip,
+                             "tips_shown": sum(len(t.tips_shown) for t in episode.turns),
+                             "actions": [t.executed_action for t in episode.turns]})
+    finally:
+        for env in envs:
+            env.close()
+    return pd.DataFrame(rows)

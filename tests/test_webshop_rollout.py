@@ -1,0 +1,43 @@
+"""WebShop with the single-turn prompt style: fresh prompt per step, <action> extraction, per-turn scoring."""
+
+import torch
+
+from empo2.envs.webshop import WebShopEnv
+from empo2.logprobs import episode_logprobs, tokens_processed
+from empo2.loss import PLAIN
+from empo2.prompts import extract_action
+from empo2.rollout import Roller
+
+
+def test_single_turn_rollout_on_webshop(policy_and_tokenizer):
+    model, tokenizer = policy_and_tokenizer
+    envs = [WebShopEnv(max_steps=3, snap_actions=True) for _ in range(2)]
+    roller = Roller(model, tokenizer, env_name="webshop", response_tokens=16, tip_tokens=8,
+                    prompt_style="single_turn", history_turns=1, generator=torch.Generator().manual_seed(0))
+    variation = envs[0].train_variations[0]
+    episodes = roller.run(envs, [variation] * 2, [PLAIN] * 2, temperature=1.0, write_tips=True)
+    assert roller.last_generator.reuse_cache is False  # prompts are rewritten every step
+    for episode in episodes:
+        assert episode.tip and 1 <= len(episode.turns) <= 3
+        first = tokenizer.decode(episode.turns[0].prompt_ids)
+        assert "Admissible actions: [search[...]" in first and "<action>" in first
+        for turn in episode.turns:
+            assert turn.executed_action.startswith(("search[", "click["))
+        if len(episode.turns) > 1:
+            second = tokenizer.decode(episode.turns[1].prompt_ids)
+            assert "Your last 1 action(s)" in second and not second.startswith(first[:-20])
+            # Not append-only: the packed path falls back to one pass per turn.
+            assert tokens_processed(episode, with_tips=False, packed=True) == tokens_processed(
+                episode, with_tips=False, packed=False)
+        with torch.no_grad():
+            logprobs = episode_logprobs(model, episode, with_tips=False)
+        assert logprobs.shape[0] == sum(len(t.response_ids) for t in episode.turns)
+        assert torch.isfinite(logprobs).all()
+    for env in envs:
+        env.close()
+
+
+def test_extract_action():
+    assert extract_action("<think>the red one</think>\n<action>click[red]</action>") == "click[red]"
+    assert extract_action("<action>search[a]</action> <action>click[b]") == "click[b]"
+    assert extract_action("click[buy now]") == "click[buy now]"
