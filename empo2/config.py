@@ -269,7 +269,7 @@ PROFILE_VALUES: dict[str, dict] = {
     # About 30 minutes per training run on a 2-core CPU.
     "laptop": dict(
         group_size=4, groups_per_iteration=1, n_train_variations=5, n_test_variations=5, max_steps=10,
-        response_tokens=12, tip_tokens=32, iterations=16, eval_every=4, checkpoint_every=4,
+        response_tokens=12, tip_tokens=32, iterations=12, eval_every=4, checkpoint_every=4,
         lora_rank=8, lora_alpha=16, lr=1e-4,
     ),
     # METHOD.md §2 with Qwen2.5-7B-Instruct: full fine-tuning at lr 1e-6 on GPUs.

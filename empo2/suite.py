@@ -35,7 +35,7 @@ def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Con
     tasks = list(SCIENCEWORLD_TABLE1)
     if profile == "ci":
         tasks = tasks[:: len(tasks) // 3][:3]
-    variations = {"ci": 1, "laptop": 3, "paper": 20}[profile]
+    variations = {"ci": 1, "laptop": 2, "paper": 20}[profile]
     return [_cfg(profile, results_dir, "naive-18", method="naive", task=task, n_test_variations=variations)
             for task in tasks]
 
