@@ -222,13 +222,14 @@ class Roller:
                     prompt_ids_tip_free=rendered[i].ids(with_tips=False),
                     response_ids=ids, behaviour_logprobs=logprobs,
                     raw_action=result.info.get("raw_action", ""),
-                    executed_action=result.info.get("executed_action", ""),
+                    executed_action=result.info.get("executed_action") or "",
                     observation=result.observation, reward=result.reward, score=result.score,
                     tips_shown=shown_tips[i], state_text=states[i],
                     state_embedding=None if embeddings is None else embeddings[i].copy(),
                 ))
                 episode.messages.append(Message("assistant", ids=ids))
-                histories[i].append((result.info.get("executed_action", ""), result.observation))
+                histories[i].append((result.info.get("executed_action") or result.info.get("raw_action", ""),
+                                     result.observation))
                 episode.score = result.score
                 episode.env_restarts += int(bool(result.info.get("env_restarted")))
                 if result.done:

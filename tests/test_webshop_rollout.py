@@ -41,3 +41,11 @@ def test_extract_action():
     assert extract_action("<think>the red one</think>\n<action>click[red]</action>") == "click[red]"
     assert extract_action("<action>search[a]</action> <action>click[b]") == "click[b]"
     assert extract_action("click[buy now]") == "click[buy now]"
+
+
+def test_snapping_searches_for_free_text_on_the_search_page():
+    env = WebShopEnv(snap_actions=True)
+    env.reset(env.train_variations[0])
+    result = env.step("I would like some red shoes please")
+    assert result.info["executed_action"] == "search[I would like some red shoes please]"
+    assert not result.info["invalid"] and result.info["page"] == "results"

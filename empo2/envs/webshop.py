@@ -28,8 +28,9 @@ Pages and actions (``info["valid_actions"]`` lists what each page admits):
 An action is the first ``search[...]`` / ``click[...]`` in the text (case and
 surrounding words ignored). Anything not admissible on the current page is
 answered with an ``Invalid action: ...`` observation, leaves the page as it is
-and uses a step (``snap_actions=True`` instead snaps unparsable text to the most
-similar valid click, like the other environments). After ``max_steps`` steps
+and uses a step (``snap_actions=True`` instead searches for unparsable text on the
+search page and snaps it to the most similar valid click elsewhere, as free text is
+snapped in the other environments). After ``max_steps`` steps
 (15) the episode ends with ``truncated=True`` and reward 0.
 
 Reward at ``buy now``: `empo2.envs.webshop_reward.webshop_reward` (attributes,
@@ -650,8 +651,12 @@ class WebShopEnv:
         previous_score = self._score
         clickables = self._clickables()
         parsed = self._parse(text)
-        if parsed is None and self.snap_actions and self._page != "search":
-            parsed = self._parse(snap_action(text, self._valid_actions()))
+        if parsed is None and self.snap_actions:
+            if self._page == "search":  # any text is a query there: search for it
+                query = _SPACES.sub(" ", text).strip()[:200]
+                parsed = ("search", query) if query else None
+            else:
+                parsed = self._parse(snap_action(text, self._valid_actions()))
         extra: dict[str, Any] = {}
         error = None
         executed = None
