@@ -18,6 +18,7 @@ Methods are configurations of the same trainer:
 from __future__ import annotations
 
 import dataclasses
+import os
 import json
 from dataclasses import dataclass, field, fields
 
@@ -53,6 +54,15 @@ class EMPO2Config:
     """Episode step limit; 0 means the task's own default (30 for most ScienceWorld tasks)."""
     jvm_heap: str = "1g"
     """Java heap cap of each ScienceWorld JVM."""
+    webshop_products: str = ""
+    """WebShop products in the official format (items_shuffle_1000.json, items_shuffle.json, or
+    JSONL); empty: the shipped data/webshop/products_100.jsonl (100 products)."""
+    webshop_instructions: str = ""
+    """WebShop attributes/instructions (items_ins_v2_1000.json or items_ins_v2.json); empty: the shipped one."""
+    webshop_goals: str = "synthetic"
+    """WebShop goals: synthetic (built from the instructions file) or human (items_human_ins.json)."""
+    webshop_human_goals: str = ""
+    """WebShop human goals file (items_human_ins.json) for webshop_goals=human; empty: data/webshop's, if any."""
     # --- models -------------------------------------------------------------------
     model: str = "smollm2-135m"
     """Policy: `smollm2-135m` (embedded), a local folder, or a Hugging Face id already on disk."""
@@ -85,6 +95,9 @@ class EMPO2Config:
     """chat: one growing conversation (full history); single_turn: a fresh prompt each step with recent history."""
     history_turns: int = 2
     """single_turn prompts: how many recent (action, observation) pairs to show."""
+    think_first: bool = True
+    """single_turn prompts: ask for reasoning in <think> before the <action> (needs a few hundred
+    response tokens); False asks for the action alone, for short response budgets."""
     # --- EMPO² --------------------------------------------------------------------
     p: float = 0.25
     """Probability that a rollout is memory-augmented (paper: 0.25)."""
@@ -148,6 +161,7 @@ class EMPO2Config:
             "method": METHODS, "profile": PROFILES, "env": ("scienceworld", "webshop", "corridor"),
             "mode_granularity": ("rollout", "iteration"), "memory_scope": ("variation", "task"),
             "delta_mode": ("token", "sequence", "none"), "device": None, "prompt_style": ("chat", "single_turn"),
+            "webshop_goals": ("synthetic", "human"),
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -189,6 +203,11 @@ class EMPO2Config:
                 f"eval_variations: {self.eval_variations} is not allowed; need <= n_test_variations "
                 f"({self.n_test_variations})"
             )
+        for name in ("webshop_products", "webshop_instructions", "webshop_human_goals"):
+            path = getattr(self, name)
+            if path and not os.path.isfile(os.path.expanduser(path)):
+                raise ValueError(f"{name}: {path!r} is not a file; give the path of WebShop's official file, "
+                                 "or leave it empty for the shipped data")
         if not self.lora_target_modules and self.lora_rank > 0:
             raise ValueError("lora_target_modules: empty; name at least one module, or set lora_rank 0")
 
@@ -286,8 +305,12 @@ PROFILE_VALUES: dict[str, dict] = {
 WEBSHOP_VALUES: dict[str, dict] = {
     "paper": dict(max_steps=15, response_tokens=512, kl_beta=0.01, prompt_style="single_turn", history_turns=2,
                   n_test_variations=100),
-    "laptop": dict(max_steps=15, response_tokens=32, kl_beta=0.01, prompt_style="single_turn", history_turns=2,
-                   n_train_variations=20, n_test_variations=10),
+    # A 2-core CPU budget: shorter episodes and responses with no room for reasoning, the growing
+    # conversation of the ScienceWorld runs (its KV cache is reused across turns and the update is one
+    # packed pass per episode; the 135M model also follows it far better than the single-turn prompt),
+    # and no KL term, so that groups whose scores are all equal cost no update at all.
+    "laptop": dict(max_steps=8, response_tokens=20, kl_beta=0.0, prompt_style="chat",
+                   n_train_variations=20, n_test_variations=8, iterations=4, eval_every=4),
     "ci": dict(max_steps=3, kl_beta=0.01, prompt_style="single_turn", history_turns=2),
 }
 

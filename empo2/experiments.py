@@ -123,6 +123,35 @@ def save_figure(figure, name: str, results_dir: str = "results") -> Path:
     return path
 
 
+def variant_runs(configs: dict[str, EMPO2Config], force: bool = False
+                 ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+    """Train or reuse each labelled variant: its metrics, and one row per variant (final test score)."""
+    frames = {label: metrics(run(cfg, force=force)) for label, cfg in configs.items()}
+    rows = []
+    for label, frame in frames.items():
+        evaluated = frame.dropna(subset=["eval/score"])
+        rows.append({"variant": label, "final test score": evaluated["eval/score"].iloc[-1],
+                     "mean training score": frame["train/score"].mean(), "iterations": int(frame["iteration"].max())})
+    return frames, pd.DataFrame(rows).set_index("variant").round(1)
+
+
+def plot_variants(frames: dict[str, pd.DataFrame], title: str, name: str, results_dir: str = "results") -> Path:
+    """Training score and tip-free test score against iteration, one line per variant; saved as a figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    for label, frame in frames.items():
+        axes[0].plot(frame["iteration"], frame["train/score"], marker=".", label=label)
+        evaluated = frame.dropna(subset=["eval/score"])
+        axes[1].plot(evaluated["iteration"], evaluated["eval/score"], marker="o", label=label)
+    axes[0].set(xlabel="iteration", ylabel="training episode score")
+    axes[1].set(xlabel="iteration", ylabel="test score (no memory)")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    return save_figure(fig, name, results_dir)
+
+
 def mean_curve(frames: list[pd.DataFrame], column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Iterations, mean and std over runs of `column` (rows where it was recorded)."""
     merged = pd.concat([f[["iteration", column]].dropna() for f in frames if column in f])

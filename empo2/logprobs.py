@@ -51,6 +51,23 @@ def sequence_logprobs(model, ids: list[int], spans: list[tuple[int, int]], *,
     return torch.cat(pieces) if pieces else torch.zeros(0, device=device)
 
 
+def forward_passes(episode: Episode, *, with_tips: bool, packed: bool = True
+                   ) -> list[tuple[list[int], list[tuple[int, int]], int]]:
+    """The forward passes that score `episode`, in turn order: (token ids, action spans, turns covered).
+
+    One pass over the last turn when `packed` and the conversation is append-only,
+    otherwise one pass per turn.
+    """
+    turns = episode.turns
+    prompts = [turn.prompt_ids if with_tips else turn.prompt_ids_tip_free for turn in turns]
+    if packed and _is_append_only(episode, with_tips):
+        ids = prompts[-1] + turns[-1].response_ids
+        spans = [(len(prompt), len(prompt) + len(turn.response_ids)) for prompt, turn in zip(prompts, turns)]
+        return [(ids, spans, len(turns))]
+    return [(prompt + turn.response_ids, [(len(prompt), len(prompt) + len(turn.response_ids))], 1)
+            for prompt, turn in zip(prompts, turns)]
+
+
 def episode_logprobs(model, episode: Episode, *, with_tips: bool, packed: bool = True,
                      temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
     """Log-probs of every action token of `episode`, turn after turn: (n_action_tokens,).
@@ -59,28 +76,10 @@ def episode_logprobs(model, episode: Episode, *, with_tips: bool, packed: bool =
     `packed` uses one forward pass when the conversation is append-only, and
     falls back to the per-turn path when it is not.
     """
-    turns = episode.turns
-    if packed and _is_append_only(episode, with_tips):
-        last = turns[-1]
-        ids = (last.prompt_ids if with_tips else last.prompt_ids_tip_free) + last.response_ids
-        spans = []
-        for turn in turns:
-            prompt = turn.prompt_ids if with_tips else turn.prompt_ids_tip_free
-            spans.append((len(prompt), len(prompt) + len(turn.response_ids)))
-        return sequence_logprobs(model, ids, spans, temperature=temperature, chunk_size=chunk_size)
-    pieces = []
-    for turn in turns:
-        prompt = turn.prompt_ids if with_tips else turn.prompt_ids_tip_free
-        span = [(len(prompt), len(prompt) + len(turn.response_ids))]
-        pieces.append(sequence_logprobs(model, prompt + turn.response_ids, span,
-                                        temperature=temperature, chunk_size=chunk_size))
-    return torch.cat(pieces)
+    return torch.cat([sequence_logprobs(model, ids, spans, temperature=temperature, chunk_size=chunk_size)
+                      for ids, spans, _ in forward_passes(episode, with_tips=with_tips, packed=packed)])
 
 
 def tokens_processed(episode: Episode, *, with_tips: bool, packed: bool) -> int:
     """How many tokens the forward pass(es) of `episode_logprobs` read."""
-    if packed and _is_append_only(episode, with_tips):
-        last = episode.turns[-1]
-        return len(last.prompt_ids if with_tips else last.prompt_ids_tip_free) + len(last.response_ids)
-    return sum(len(t.prompt_ids if with_tips else t.prompt_ids_tip_free) + len(t.response_ids)
-               for t in episode.turns)
+    return sum(len(ids) for ids, _, _ in forward_passes(episode, with_tips=with_tips, packed=packed))

@@ -69,9 +69,10 @@ SINGLE_TURN_SYSTEM = (
 
 
 def single_turn_prompt(task_description: str, step: int, history: list[tuple[str, str]], observation: str,
-                       info: dict) -> str:
+                       info: dict, *, think_first: bool = True) -> str:
     """One self-contained prompt per step (the WebShop RL baselines' style): task, step count, recent
-    history, current observation, admissible actions; reasoning in <think>, the action in <action>."""
+    history, current observation, admissible actions; reasoning in <think> (when `think_first`),
+    the action in <action>."""
     lines = [f"Task: {task_description}", f"You have taken {step - 1} step(s) so far."]
     if history:
         lines.append(f"Your last {len(history)} action(s) and what followed:")
@@ -80,7 +81,8 @@ def single_turn_prompt(task_description: str, step: int, history: list[tuple[str
         f"Step {step}. Current observation: {observation.strip()}",
         f"Admissible actions: [{', '.join(info.get('valid_actions', []))}]",
         "Think step by step inside <think> </think>, then give exactly one admissible action inside "
-        "<action> </action>.",
+        "<action> </action>." if think_first else
+        "Give exactly one admissible action inside <action> </action>, and nothing else.",
     ]
     return "\n".join(lines)
 

@@ -120,7 +120,7 @@ class Roller:
     def __init__(self, model, tokenizer, *, env_name: str, response_tokens: int, tip_tokens: int,
                  embedder=None, memory=None, novelty=None, reuse_cache: bool = True,
                  generator: torch.Generator | None = None, memory_scope: str = "variation",
-                 prompt_style: str = "chat", history_turns: int = 2):
+                 prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer)
@@ -137,6 +137,7 @@ class Roller:
             raise ValueError(f"prompt_style: {prompt_style!r} is not allowed; choose chat or single_turn")
         self.prompt_style = prompt_style
         self.history_turns = history_turns
+        self.think_first = think_first
         self.timer = RolloutTimer()
         self.last_generator: GroupGenerator | None = None
 
@@ -193,7 +194,8 @@ class Roller:
                 text = first_turn(self.env_name, task_descriptions[i], observations[i], infos[i])
                 episode.messages = [Message("system", SYSTEM_PROMPT), Message("user", text, tips=_block(tips))]
             else:
-                text = single_turn_prompt(task_descriptions[i], 1, [], observations[i], infos[i])
+                text = single_turn_prompt(task_descriptions[i], 1, [], observations[i], infos[i],
+                                          think_first=self.think_first)
                 episode.messages = [Message("system", SINGLE_TURN_SYSTEM), Message("user", text, tips=_block(tips))]
             shown_tips[i] = tips  # shown in the turn about to be answered
 
@@ -260,7 +262,7 @@ class Roller:
                 else:
                     recent = histories[i][-self.history_turns :] if self.history_turns else []
                     text = single_turn_prompt(task_descriptions[i], step + 1, recent, results[i].observation,
-                                              results[i].info)
+                                              results[i].info, think_first=self.think_first)
                     episode.messages = [Message("system", SINGLE_TURN_SYSTEM), Message("user", text, tips=_block(tips))]
                 shown_tips[i] = tips
                 still_active.append(i)

@@ -40,10 +40,18 @@ def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Con
             for task in tasks]
 
 
+def _or_main_run(cfg: EMPO2Config, profile: str, results_dir: str) -> EMPO2Config:
+    """A variant whose settings are the main EMPO² seed-0 run's IS that run: trained once, shared."""
+    main = main_comparison(profile, results_dir)[0]
+    settings = lambda c: {k: v for k, v in c.to_dict().items() if k not in ("experiment", "run_name")}  # noqa: E731
+    return main if settings(cfg) == settings(main) else cfg
+
+
 def mode_ablation(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:
     """Full EMPO² vs without off-policy updates (q = 0) vs without on-policy-with-memory updates (q = 1)."""
     variants = {"EMPO2 (full)": {}, "without off-policy": {"q": 0.0}, "without on-policy with memory": {"q": 1.0}}
-    return {label: _cfg(profile, results_dir, "ablation-modes", task=MAIN_TASK, run_name=f"empo2-{name}", **values)
+    return {label: _or_main_run(_cfg(profile, results_dir, "ablation-modes", task=MAIN_TASK, run_name=f"empo2-{name}",
+                                     **values), profile, results_dir)
             for (label, values), name in zip(variants.items(), ("full", "q0", "q1"))}
 
 
@@ -52,15 +60,15 @@ def pq_sweep(profile: str, results_dir: str = "results") -> dict[str, EMPO2Confi
     runs = {f"p={p}": _cfg(profile, results_dir, "sweep-pq", task=MAIN_TASK, p=p, run_name=f"empo2-p{p}")
             for p in (0.1, 0.25, 0.4, 0.7)}
     for q in (0.3, 2 / 3, 0.85, 0.95):
-        label = f"q={q:.2f}"
-        runs[label] = _cfg(profile, results_dir, "sweep-pq", task=MAIN_TASK, q=q, run_name=f"empo2-q{q:.2f}")
-    return runs
+        runs[f"q={q:.2f}"] = _cfg(profile, results_dir, "sweep-pq", task=MAIN_TASK, q=q, run_name=f"empo2-q{q:.2f}")
+    return {label: _or_main_run(cfg, profile, results_dir) for label, cfg in runs.items()}
 
 
 def intrinsic_sweep(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:
     """Intrinsic reward weight: none, 0.5x, 1x, 2x."""
-    return {f"{c}x" if c else "none": _cfg(profile, results_dir, "intrinsic", task=MAIN_TASK, intrinsic_coef=c,
-                                           run_name=f"empo2-int{c}") for c in (0.0, 0.5, 1.0, 2.0)}
+    return {f"{c}x" if c else "none": _or_main_run(_cfg(profile, results_dir, "intrinsic", task=MAIN_TASK,
+                                                        intrinsic_coef=c, run_name=f"empo2-int{c}"), profile, results_dir)
+            for c in (0.0, 0.5, 1.0, 2.0)}
 
 
 def webshop_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config]:

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from empo2.advantages import grpo_advantages
 from empo2.config import EMPO2Config
 from empo2.envs import make_env
-from empo2.logprobs import episode_logprobs
+from empo2.logprobs import episode_logprobs, forward_passes, sequence_logprobs
 from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, PLAIN, policy_loss
 from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy
@@ -126,7 +126,7 @@ class Trainer:
                                 similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
         self.novelty = NoveltyStore(dim=dim, similarity_threshold=cfg.novelty_threshold,
                                     coefficient=cfg.intrinsic_coef)
-        self.envs = [self._make_env() for _ in range(cfg.group_size)]
+        self.envs = [env_for(cfg) for _ in range(cfg.group_size)]
         env = self.envs[0]
         # ScienceWorldTask already cuts its splits to n_train / n_test; the other environments are cut here.
         self.train_variations = list(env.train_variations)[: cfg.n_train_variations]
@@ -135,7 +135,7 @@ class Trainer:
             self.model, self.tokenizer, env_name=cfg.env, response_tokens=cfg.response_tokens,
             tip_tokens=cfg.tip_tokens, embedder=self.embedder, memory=self.memory, novelty=self.novelty,
             reuse_cache=cfg.reuse_cache, generator=self.sampler, memory_scope=cfg.memory_scope,
-            prompt_style=cfg.prompt_style, history_turns=cfg.history_turns,
+            prompt_style=cfg.prompt_style, history_turns=cfg.history_turns, think_first=cfg.think_first,
         )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume and self.latest_checkpoint() is not None:
@@ -146,19 +146,6 @@ class Trainer:
         (self.run_dir / "config.json").write_text(
             json.dumps({"config": cfg.to_dict(), **provenance()}, indent=2)
         )
-
-    def _make_env(self):
-        kwargs = {}
-        if self.cfg.max_steps:
-            kwargs["max_steps"] = self.cfg.max_steps
-        if self.cfg.env == "scienceworld":
-            kwargs.update(n_train_variations=self.cfg.n_train_variations,
-                          n_test_variations=self.cfg.n_test_variations, jvm_heap=self.cfg.jvm_heap)
-        if self.cfg.env == "webshop":
-            # Small policies rarely write exact click[...] syntax; snap unparsable text to the
-            # most similar admissible click, as free text is snapped in ScienceWorld.
-            kwargs["snap_actions"] = True
-        return make_env(self.cfg.env, self.cfg.task, **kwargs)
 
     def precision(self):
         """bf16 autocast for full fine-tuning (float32 master weights); LoRA runs need none."""
@@ -294,18 +281,10 @@ class Trainer:
                     if not needs_pass[i]:
                         continue
                     episode = episodes[i]
-                    with self.precision():
-                        # Off-policy episodes are scored WITHOUT their tips: the distillation step.
-                        new = score(episode, episode.mode == MEMORY_ON_POLICY).float()  # (T_i,)
                     tokens = _token_tensors(episode, advantages[i])
-                    loss, _ = policy_loss(
-                        new, old[i], tokens["advantages"], tokens["mask"], tokens["modes"], tokens["sequence_ids"],
-                        clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
-                        delta=cfg.delta, delta_mode=cfg.delta_mode, ref_logprobs=ref.get(i),
-                        kl_beta=cfg.kl_beta, normalizer=normalizer,
-                    )
-                    loss.backward()
-                    stash.append((new.detach(), old[i], tokens, ref.get(i)))
+                    new = backward_per_pass(self.model, episode, old[i], ref.get(i), tokens, cfg=cfg,
+                                            normalizer=normalizer, precision=self.precision)
+                    stash.append((new, old[i], tokens, ref.get(i)))
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
                 if stash:
                     self.optimizer.step()
@@ -438,6 +417,53 @@ class Trainer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def env_for(cfg: EMPO2Config):
+    """One environment instance as `cfg` describes it."""
+    kwargs = {}
+    if cfg.max_steps:
+        kwargs["max_steps"] = cfg.max_steps
+    if cfg.env == "scienceworld":
+        kwargs.update(n_train_variations=cfg.n_train_variations, n_test_variations=cfg.n_test_variations,
+                      jvm_heap=cfg.jvm_heap)
+    if cfg.env == "webshop":
+        # Small policies rarely write exact click[...] syntax; snap unparsable text to the
+        # most similar admissible click, as free text is snapped in ScienceWorld.
+        kwargs.update(snap_actions=True, goal_source=cfg.webshop_goals)
+        for field, name in (("webshop_products", "products_path"), ("webshop_instructions", "instructions_path"),
+                            ("webshop_human_goals", "human_goals_path")):
+            if getattr(cfg, field):
+                kwargs[name] = os.path.expanduser(getattr(cfg, field))
+    return make_env(cfg.env, cfg.task, **kwargs)
+
+
+def backward_per_pass(model, episode: Episode, old: torch.Tensor, ref: torch.Tensor | None,
+                      tokens: dict[str, torch.Tensor], *, cfg: EMPO2Config, normalizer: float,
+                      precision=contextlib.nullcontext) -> torch.Tensor:
+    """Accumulate the gradient of `episode`'s loss, one forward pass at a time; its new log-probs: (T,).
+
+    With a fixed normaliser the loss is a sum over turns (δ drops whole turns at most),
+    so each forward pass is backpropagated on its own and only one pass's activations
+    are alive at a time, however many turns a non-append-only episode has.
+    Off-policy episodes are scored WITHOUT their tips: the distillation step.
+    """
+    passes = forward_passes(episode, with_tips=episode.mode == MEMORY_ON_POLICY, packed=cfg.packed_logprobs)
+    pieces, first = [], 0
+    for ids, spans, _ in passes:
+        with precision():
+            new = sequence_logprobs(model, ids, spans, temperature=cfg.temperature).float()  # (t,)
+        piece = slice(first, first + len(new))  # this pass's action tokens
+        first += len(new)
+        loss, _ = policy_loss(
+            new, old[piece], tokens["advantages"][piece], tokens["mask"][piece], tokens["modes"][piece],
+            tokens["sequence_ids"][piece], clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+            dual_clip=cfg.dual_clip, delta=cfg.delta, delta_mode=cfg.delta_mode,
+            ref_logprobs=None if ref is None else ref[piece], kl_beta=cfg.kl_beta, normalizer=normalizer,
+        )
+        loss.backward()
+        pieces.append(new.detach())
+    return torch.cat(pieces)
 
 
 def _token_tensors(episode: Episode, advantage: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -410,3 +410,19 @@ def test_fuzzy_helpers():
     assert token_set_ratio("", "anything") == 0
     assert normalize_color("light blue") == "blue" and normalize_color("2 pound") == "2 pound"
     assert title_words("Men's Cotton Crew-Neck T-Shirt, 2 Pack") == ["men", "cotton", "crew", "neck", "shirt", "pack"]
+
+
+def test_config_fields_point_the_trainer_at_official_files():
+    from empo2.config import EMPO2Config
+    from empo2.trainer import env_for
+
+    cfg = EMPO2Config.from_profile("ci", env="webshop", webshop_products=str(MINI_PRODUCTS),
+                                   webshop_instructions=str(MINI_INSTRUCTIONS), webshop_goals="human",
+                                   webshop_human_goals=str(MINI_HUMAN))
+    env = env_for(cfg)
+    assert env.goal_source == "human" and len(env.products) == 5 and env.max_steps == cfg.max_steps
+    assert env.snap_actions
+    with pytest.raises(ValueError, match="webshop_products: .* is not a file"):
+        EMPO2Config.from_profile("ci", env="webshop", webshop_products="/no/such/items_shuffle.json")
+    with pytest.raises(ValueError, match="webshop_goals: 'crowd' is not allowed; choose one of synthetic, human"):
+        EMPO2Config.from_profile("ci", env="webshop", webshop_goals="crowd")

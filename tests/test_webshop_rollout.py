@@ -49,3 +49,13 @@ def test_snapping_searches_for_free_text_on_the_search_page():
     result = env.step("I would like some red shoes please")
     assert result.info["executed_action"] == "search[I would like some red shoes please]"
     assert not result.info["invalid"] and result.info["page"] == "results"
+
+
+def test_snapping_on_the_results_page_matches_a_product_by_its_title():
+    env = WebShopEnv(snap_actions=True)
+    env.reset(env.train_variations[0])
+    env.step("search[shirt]")
+    asin = env._results[1]
+    title = env.product_by_asin[asin]["Title"]
+    result = env.step(f"I pick the {title}")
+    assert result.info["executed_action"] == f"click[{asin.lower()}]" and result.info["page"] == "item"

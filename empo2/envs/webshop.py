@@ -549,6 +549,15 @@ class WebShopEnv:
             buttons[PREV_PAGE] = ("prev", None)
         return buttons
 
+    def _snap(self, text: str, clickables: dict[str, tuple[str, str | None]]) -> str:
+        """The valid click most similar to `text`; a product is matched by its ASIN and the title shown."""
+        actions = self._valid_actions()
+        described = []
+        for action, (kind, argument) in zip(actions, clickables.values()):
+            title = self.product_by_asin[argument]["Title"] if kind == "item" else ""
+            described.append(f"{action} {title}".strip())
+        return actions[described.index(snap_action(text, described))]
+
     def _valid_actions(self) -> list[str]:
         if self._done:
             return []
@@ -656,7 +665,7 @@ class WebShopEnv:
                 query = _SPACES.sub(" ", text).strip()[:200]
                 parsed = ("search", query) if query else None
             else:
-                parsed = self._parse(snap_action(text, self._valid_actions()))
+                parsed = self._parse(self._snap(text, clickables))
         extra: dict[str, Any] = {}
         error = None
         executed = None
