@@ -18,8 +18,8 @@ Methods are configurations of the same trainer:
 from __future__ import annotations
 
 import dataclasses
-import os
 import json
+import os
 from dataclasses import dataclass, field, fields
 
 METHODS = ("empo2", "grpo", "naive", "memory_only")

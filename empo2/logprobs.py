@@ -52,8 +52,8 @@ def sequence_logprobs(model, ids: list[int], spans: list[tuple[int, int]], *,
 
 
 def forward_passes(episode: Episode, *, with_tips: bool, packed: bool = True
-                   ) -> list[tuple[list[int], list[tuple[int, int]], int]]:
-    """The forward passes that score `episode`, in turn order: (token ids, action spans, turns covered).
+                   ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """The forward passes that score `episode`, in turn order: (token ids, action-token spans).
 
     One pass over the last turn when `packed` and the conversation is append-only,
     otherwise one pass per turn.
@@ -63,8 +63,8 @@ def forward_passes(episode: Episode, *, with_tips: bool, packed: bool = True
     if packed and _is_append_only(episode, with_tips):
         ids = prompts[-1] + turns[-1].response_ids
         spans = [(len(prompt), len(prompt) + len(turn.response_ids)) for prompt, turn in zip(prompts, turns)]
-        return [(ids, spans, len(turns))]
-    return [(prompt + turn.response_ids, [(len(prompt), len(prompt) + len(turn.response_ids))], 1)
+        return [(ids, spans)]
+    return [(prompt + turn.response_ids, [(len(prompt), len(prompt) + len(turn.response_ids))])
             for prompt, turn in zip(prompts, turns)]
 
 
@@ -77,9 +77,9 @@ def episode_logprobs(model, episode: Episode, *, with_tips: bool, packed: bool =
     falls back to the per-turn path when it is not.
     """
     return torch.cat([sequence_logprobs(model, ids, spans, temperature=temperature, chunk_size=chunk_size)
-                      for ids, spans, _ in forward_passes(episode, with_tips=with_tips, packed=packed)])
+                      for ids, spans in forward_passes(episode, with_tips=with_tips, packed=packed)])
 
 
 def tokens_processed(episode: Episode, *, with_tips: bool, packed: bool) -> int:
     """How many tokens the forward pass(es) of `episode_logprobs` read."""
-    return sum(len(ids) for ids, _, _ in forward_passes(episode, with_tips=with_tips, packed=packed))
+    return sum(len(ids) for ids, _ in forward_passes(episode, with_tips=with_tips, packed=packed))

@@ -6,6 +6,8 @@ reuses them. Runs live under `<results_dir>/<profile>/<experiment>/<run>/`.
 
 from __future__ import annotations
 
+import dataclasses
+
 from empo2.config import EMPO2Config
 from empo2.paper import SCIENCEWORLD_TABLE1
 
@@ -43,8 +45,8 @@ def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Con
 def _or_main_run(cfg: EMPO2Config, profile: str, results_dir: str) -> EMPO2Config:
     """A variant whose settings are the main EMPO² seed-0 run's IS that run: trained once, shared."""
     main = main_comparison(profile, results_dir)[0]
-    settings = lambda c: {k: v for k, v in c.to_dict().items() if k not in ("experiment", "run_name")}  # noqa: E731
-    return main if settings(cfg) == settings(main) else cfg
+    same = dataclasses.replace(cfg, experiment=main.experiment, run_name=main.run_name) == main
+    return main if same else cfg
 
 
 def mode_ablation(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:

@@ -450,7 +450,7 @@ def backward_per_pass(model, episode: Episode, old: torch.Tensor, ref: torch.Ten
     """
     passes = forward_passes(episode, with_tips=episode.mode == MEMORY_ON_POLICY, packed=cfg.packed_logprobs)
     pieces, first = [], 0
-    for ids, spans, _ in passes:
+    for ids, spans in passes:
         with precision():
             new = sequence_logprobs(model, ids, spans, temperature=cfg.temperature).float()  # (t,)
         piece = slice(first, first + len(new))  # this pass's action tokens

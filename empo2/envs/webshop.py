@@ -551,12 +551,11 @@ class WebShopEnv:
 
     def _snap(self, text: str, clickables: dict[str, tuple[str, str | None]]) -> str:
         """The valid click most similar to `text`; a product is matched by its ASIN and the title shown."""
-        actions = self._valid_actions()
-        described = []
-        for action, (kind, argument) in zip(actions, clickables.values()):
+        described = {}  # what the snapping compares -> the action it stands for
+        for button, (kind, argument) in clickables.items():
             title = self.product_by_asin[argument]["Title"] if kind == "item" else ""
-            described.append(f"{action} {title}".strip())
-        return actions[described.index(snap_action(text, described))]
+            described[f"click[{button}] {title}".strip()] = f"click[{button}]"
+        return described[snap_action(text, list(described))]
 
     def _valid_actions(self) -> list[str]:
         if self._done:
