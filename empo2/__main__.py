@@ -62,7 +62,7 @@ def demo(args) -> None:
     env = make_env("scienceworld", args.task or "power-component", max_steps=args.steps, n_test_variations=1)
     try:
         roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=24, tip_tokens=60,
-                        generator=torch.Generator().manual_seed(args.seed))
+                        generator=torch.Generator().manual_seed(args.seed), action_decoding=args.decoding)
         variation = env.train_variations[0]
         [episode] = roller.run([env], [variation], [PLAIN], temperature=1.0, write_tips=True)
     finally:
@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     demo_parser.add_argument("--model", default=None)
     demo_parser.add_argument("--steps", type=int, default=10)
     demo_parser.add_argument("--seed", type=int, default=0)
+    demo_parser.add_argument("--decoding", default="constrained", choices=("constrained", "free"),
+                             help="constrained: choose among the admissible actions; free: text snapped to one")
 
     for name, text in (("train", "train a method (empo2, grpo, memory_only) and evaluate it"),
                        ("eval", "evaluate a run's last checkpoint (or the initial policy) without memory")):

@@ -45,7 +45,8 @@ def adapt(cfg: EMPO2Config, weights: Path | None, target_task: str, *, trials: i
     envs = [make_env(cfg.env, target_task, n_test_variations=1, **kwargs) for _ in range(episodes_per_trial)]
     roller = Roller(model, tokenizer, env_name=cfg.env, response_tokens=cfg.response_tokens,
                     tip_tokens=cfg.tip_tokens, embedder=embedder, memory=memory,
-                    generator=torch.Generator().manual_seed(seed), memory_scope="task")
+                    generator=torch.Generator().manual_seed(seed), memory_scope="task",
+                    action_decoding=cfg.action_decoding)
     rows = []
     try:
         variation = envs[0].test_variations[0]

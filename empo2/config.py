@@ -95,6 +95,10 @@ class EMPO2Config:
     """chat: one growing conversation (full history); single_turn: a fresh prompt each step with recent history."""
     history_turns: int = 2
     """single_turn prompts: how many recent (action, observation) pairs to show."""
+    action_decoding: str = "free"
+    """free: the policy writes text, snapped to the most similar admissible action (the paper);
+    constrained: it samples only token sequences that spell an admissible action of the current
+    state, from its distribution renormalised over those tokens, in rollouts and in the update."""
     think_first: bool = True
     """single_turn prompts: ask for reasoning in <think> before the <action> (needs a few hundred
     response tokens); False asks for the action alone, for short response budgets."""
@@ -147,6 +151,8 @@ class EMPO2Config:
     """Evaluate (without memory) every k iterations, and after the last."""
     eval_variations: int = 0
     """Test variations per evaluation; 0 means all n_test_variations."""
+    eval_samples: int = 1
+    """Episodes per test variation at each evaluation (sampled at eval_temperature)."""
     checkpoint_every: int = 5
     """Save a resumable checkpoint every k iterations (0: only at the end)."""
 
@@ -161,6 +167,7 @@ class EMPO2Config:
             "method": METHODS, "profile": PROFILES, "env": ("scienceworld", "webshop", "corridor"),
             "mode_granularity": ("rollout", "iteration"), "memory_scope": ("variation", "task"),
             "delta_mode": ("token", "sequence", "none"), "device": None, "prompt_style": ("chat", "single_turn"),
+            "action_decoding": ("free", "constrained"),
             "webshop_goals": ("synthetic", "human"),
         }
         for name, allowed in choices.items():
@@ -181,7 +188,7 @@ class EMPO2Config:
             "group_size": 2, "groups_per_iteration": 1, "n_train_variations": 1, "n_test_variations": 1,
             "response_tokens": 1, "tip_tokens": 1, "memory_capacity": 1, "top_k": 1, "ppo_epochs": 1,
             "iterations": 0, "eval_every": 1, "max_steps": 0, "lora_rank": 0, "lora_alpha": 1,
-            "minibatch_episodes": 0, "eval_variations": 0, "checkpoint_every": 0, "seed": 0, "history_turns": 0,
+            "minibatch_episodes": 0, "eval_variations": 0, "eval_samples": 1, "checkpoint_every": 0, "seed": 0, "history_turns": 0,
         }
         for name, low in minimums.items():
             value = getattr(self, name)
@@ -283,13 +290,18 @@ PROFILE_VALUES: dict[str, dict] = {
     "ci": dict(
         group_size=2, groups_per_iteration=1, n_train_variations=1, n_test_variations=1, max_steps=3,
         response_tokens=12, tip_tokens=16, iterations=2, eval_every=2, checkpoint_every=1,
-        lora_rank=4, lora_alpha=8, lr=1e-4,
+        lora_rank=4, lora_alpha=8, lr=1e-4, action_decoding="constrained",
     ),
-    # About 30 minutes per training run on a 2-core CPU.
+    # About 15 minutes per training run on a 2-core CPU: one group of 8 episodes of at most 15 steps
+    # per iteration, 6 iterations (48 training episodes, 2 optimiser steps each iteration), and one
+    # evaluation of 24 test episodes (12 test variations x 2 samples) at the end. Constrained decoding:
+    # the 135M model cannot write ScienceWorld commands, so it chooses among the admissible ones.
+    # 15 steps, not power-component's 30: a group of 8 x 15 steps takes about 65 s to play here,
+    # 30 steps about 2.5 times that (the conversation, and so the cache, grows every step).
     "laptop": dict(
-        group_size=4, groups_per_iteration=1, n_train_variations=5, n_test_variations=5, max_steps=10,
-        response_tokens=12, tip_tokens=32, iterations=12, eval_every=4, checkpoint_every=4,
-        lora_rank=8, lora_alpha=16, lr=1e-4,
+        group_size=8, groups_per_iteration=1, n_train_variations=5, n_test_variations=12, eval_samples=2,
+        max_steps=15, response_tokens=12, tip_tokens=32, iterations=6, eval_every=6, checkpoint_every=2,
+        minibatch_episodes=4, lora_rank=8, lora_alpha=16, lr=1e-4, action_decoding="constrained",
     ),
     # METHOD.md §2 with Qwen2.5-7B-Instruct: full fine-tuning at lr 1e-6 on GPUs.
     "paper": dict(

@@ -23,8 +23,12 @@ for the benchmark.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
+
+from empo2.constrained import ActionConstraint, Cursor
 
 
 class GroupGenerator:
@@ -39,15 +43,17 @@ class GroupGenerator:
         self.temperature = temperature
         self.generator = generator
         self.device = next(model.parameters()).device
+        self.trunk, self.lm_head = trunk_and_head(model)
         # transformers >= 5.2x calls the cache argument `cache`; older releases `past_key_values`.
-        forward = model.get_base_model().forward if hasattr(model, "get_base_model") else model.forward
-        self._cache_arg = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+        self._cache_arg = "cache" if "cache" in inspect.signature(self.trunk.forward).parameters else "past_key_values"
         self.fed: dict[int, list[int]] = {}  # slot -> real token ids already in the cache
         self.rows: list[int] = []  # slot of each cache row
         self.cache = None
         self.mask = torch.zeros(0, 0, dtype=torch.long)  # (rows, cache_len)
         self.prefilled_tokens = 0  # real prompt tokens run through the model (for benchmarks)
-        self.decoded_tokens = 0
+        self.forward_calls = 0  # model calls, prefill and decode (for benchmarks)
+        self.row_split_ratio = 2.0
+        """Run a chunk row by row when the padded batch would hold more than this many times its real tokens."""
         self._reset(list(range(num_slots)))
 
     def _reset(self, slots: list[int]) -> None:
@@ -71,33 +77,106 @@ class GroupGenerator:
 
     def _forward(self, input_ids, chunk_mask, positions):
         self.mask = torch.cat([self.mask, chunk_mask], dim=1)  # (rows, cache_len + n)
-        out = self.model(
-            input_ids=input_ids, attention_mask=self.mask, position_ids=positions,
-            use_cache=True, logits_to_keep=1, **{self._cache_arg: self.cache},
-        )
+        out = self.trunk(input_ids=input_ids, attention_mask=self.mask, position_ids=positions, use_cache=True,
+                         **{self._cache_arg: self.cache})
         self.cache = getattr(out, self._cache_arg)
-        return out.logits[:, -1].float()  # (rows, vocab)
+        return self.lm_head(out.last_hidden_state[:, -1].contiguous()).float()  # (rows, vocab)
 
-    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows, vocab) -> sampled ids (rows,) and their log-probs under the sampling distribution."""
-        if self.temperature <= 0:
-            logprobs = torch.log_softmax(logits, dim=-1)  # (rows, vocab)
-            tokens = logprobs.argmax(dim=-1)  # (rows,)
-        else:
-            logprobs = torch.log_softmax(logits / self.temperature, dim=-1)  # (rows, vocab)
-            tokens = torch.multinomial(logprobs.exp(), 1, generator=self.generator).squeeze(1)  # (rows,)
-        return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+    def _feed(self, chunks: dict[int, list[int]]) -> torch.Tensor:
+        """Run each slot's new tokens through the model; logits after each row's last token: (rows, vocab).
+
+        Chunks of similar length go in one left-padded batch. When padding would
+        dominate (one row brings a long observation, the others a few tokens), each
+        row runs alone on its slice of the cache and the new entries are placed into
+        the batched cache with padding holes: the same cache, without computing the padding.
+        """
+        width = max(len(chunk) for chunk in chunks.values())
+        num_rows = len(self.rows)
+        real = sum(len(chunk) for chunk in chunks.values())
+        input_ids = torch.full((num_rows, width), self.pad_id, dtype=torch.long)  # (rows, width)
+        chunk_mask = torch.zeros(num_rows, width, dtype=torch.long)  # (rows, width)
+        positions = torch.zeros(num_rows, width, dtype=torch.long)  # (rows, width)
+        for row, slot in enumerate(self.rows):
+            chunk = chunks.get(slot, [])
+            if chunk:
+                start = width - len(chunk)
+                input_ids[row, start:] = torch.tensor(chunk)
+                chunk_mask[row, start:] = 1
+                positions[row, start:] = torch.arange(len(self.fed[slot]), len(self.fed[slot]) + len(chunk))
+                self.fed[slot].extend(chunk)
+        input_ids, chunk_mask, positions = (t.to(self.device) for t in (input_ids, chunk_mask, positions))
+        if self.cache is not None and width >= 8 and num_rows * width > self.row_split_ratio * real:
+            return self._forward_rows(input_ids, chunk_mask, positions)
+        self.forward_calls += 1
+        return self._forward(input_ids, chunk_mask, positions)
+
+    def _forward_rows(self, input_ids, chunk_mask, positions) -> torch.Tensor:
+        """`_forward` computed row by row on the real tokens only (same cache layout and logits)."""
+        layers = self.cache.layers
+        width = input_ids.shape[1]
+        new_keys = [torch.zeros_like(layer.keys[:, :, :width]) for layer in layers]  # (rows, heads, width, dim)
+        new_values = [torch.zeros_like(layer.values[:, :, :width]) for layer in layers]
+        logits = []
+        for row in range(input_ids.shape[0]):
+            n = int(chunk_mask[row].sum())
+            if n == 0:
+                logits.append(None)
+                continue
+            cache = DynamicCache(ddp_cache_data=[(layer.keys[row : row + 1], layer.values[row : row + 1])
+                                                 for layer in layers])
+            mask = torch.cat([self.mask[row : row + 1], chunk_mask[row : row + 1, width - n :]], dim=1)  # (1, len + n)
+            out = self.trunk(
+                input_ids=input_ids[row : row + 1, width - n :], attention_mask=mask,
+                position_ids=positions[row : row + 1, width - n :], use_cache=True, **{self._cache_arg: cache},
+            )
+            self.forward_calls += 1
+            for index, layer in enumerate(getattr(out, self._cache_arg).layers):
+                new_keys[index][row, :, width - n :] = layer.keys[0, :, -n:]
+                new_values[index][row, :, width - n :] = layer.values[0, :, -n:]
+            logits.append(self.lm_head(out.last_hidden_state[0, -1]).float())
+        for index, layer in enumerate(layers):
+            layer.keys = torch.cat([layer.keys, new_keys[index]], dim=-2)
+            layer.values = torch.cat([layer.values, new_values[index]], dim=-2)
+        self.mask = torch.cat([self.mask, chunk_mask], dim=1)  # (rows, cache_len + width)
+        vocab = next(l for l in logits if l is not None).shape[-1]
+        return torch.stack([l if l is not None else torch.zeros(vocab, device=self.device) for l in logits])
+
+    def _sample(self, logits: torch.Tensor, allowed: list[tuple[int, ...] | None]
+                ) -> tuple[list[int], list[float]]:
+        """(rows, vocab) -> one sampled id per row and its log-prob under the sampling distribution.
+
+        Row r samples only among `allowed[r]` (None: the whole vocabulary), renormalised.
+        Constrained rows work on their allowed logits alone: no vocabulary-wide mask.
+        """
+        tokens, logprobs = [], []
+        for row, choices in enumerate(allowed):
+            index = None if choices is None else torch.tensor(choices, device=logits.device)  # (k,)
+            scores = logits[row] if index is None else logits[row, index]  # (vocab,) or (k,)
+            if self.temperature > 0:
+                scores = scores / self.temperature
+            row_logprobs = torch.log_softmax(scores, dim=-1)  # (vocab,) or (k,)
+            if self.temperature <= 0:
+                pick = int(row_logprobs.argmax())
+            else:
+                pick = int(torch.multinomial(row_logprobs.exp(), 1, generator=self.generator))
+            tokens.append(pick if index is None else choices[pick])
+            logprobs.append(float(row_logprobs[pick]))
+        return tokens, logprobs
 
     @torch.no_grad()
-    def generate(self, prompts: dict[int, list[int]], max_new_tokens: dict[int, int] | int
-                 ) -> dict[int, tuple[list[int], list[float]]]:
+    def generate(self, prompts: dict[int, list[int]], max_new_tokens: dict[int, int] | int,
+                 constraints: dict[int, ActionConstraint] | None = None) -> dict[int, Response]:
         """Sample a response for each slot in `prompts` (slot -> full prompt ids).
 
-        Returns slot -> (response ids, per-token log-probs). A response ends with
-        the end-of-turn token or after `max_new_tokens` tokens.
+        A free response ends with the end-of-turn token or after `max_new_tokens`
+        tokens. A slot in `constraints` samples only tokens that continue one of
+        its admissible actions and ends when the action is complete; forced
+        tokens (the only allowed continuation) get log-prob 0 and are fed to the
+        model together with the next sampled token, in one forward pass.
         """
         if isinstance(max_new_tokens, int):
             max_new_tokens = {slot: max_new_tokens for slot in prompts}
+        constraints = constraints or {}
         if not self.reuse_cache:
             self._reset(sorted(prompts))
         unknown = set(prompts) - set(self.rows)
@@ -115,45 +194,84 @@ class GroupGenerator:
             chunks[slot] = prompt[len(fed):]
             if not chunks[slot]:
                 raise ValueError(f"generate: the prompt of slot {slot} adds no new token")
-        width = max(len(chunk) for chunk in chunks.values())
-        num_rows = len(self.rows)
-        input_ids = torch.full((num_rows, width), self.pad_id, dtype=torch.long)  # (rows, width)
-        chunk_mask = torch.zeros(num_rows, width, dtype=torch.long)  # (rows, width)
-        positions = torch.zeros(num_rows, width, dtype=torch.long)  # (rows, width)
-        for row, slot in enumerate(self.rows):
-            chunk = chunks.get(slot, [])
-            if chunk:
-                start = width - len(chunk)
-                input_ids[row, start:] = torch.tensor(chunk)
-                chunk_mask[row, start:] = 1
-                positions[row, start:] = torch.arange(len(self.fed[slot]), len(self.fed[slot]) + len(chunk))
-                self.fed[slot].extend(chunk)
-                self.prefilled_tokens += len(chunk)
-        logits = self._forward(input_ids.to(self.device), chunk_mask.to(self.device), positions.to(self.device))
+            self.prefilled_tokens += len(chunks[slot])
 
-        responses = {slot: ([], []) for slot in prompts}
-        active = set(prompts)
+        cursors = {slot: constraints[slot].cursor() for slot in prompts if slot in constraints}
+        responses = {slot: Response([], [], [] if slot in cursors else None) for slot in prompts}
+        active = set()
+        for slot in prompts:
+            if not self._append_forced(slot, responses[slot], cursors.get(slot)):
+                active.add(slot)
+                chunks[slot] += responses[slot].ids
+        # A slot already complete keeps its chunk for the next call (it is not fed now).
         row_of = {slot: row for row, slot in enumerate(self.rows)}
-        while True:
-            tokens, logprobs = self._sample(logits)
-            for slot in list(active):
-                token = int(tokens[row_of[slot]])
-                ids, lps = responses[slot]
-                ids.append(token)
-                lps.append(float(logprobs[row_of[slot]]))
-                if token == self.stop_id or len(ids) >= max_new_tokens[slot]:
+        while active:
+            logits = self._feed({slot: chunks[slot] for slot in active})
+            rows = [row_of[slot] for slot in sorted(active)]
+            allowed = [cursors[slot].allowed() if slot in cursors else None for slot in sorted(active)]
+            tokens, logprobs = self._sample(logits[rows], allowed)
+            for slot, token, logprob, choices in zip(sorted(active), tokens, logprobs, allowed):
+                response, cursor = responses[slot], cursors.get(slot)
+                response.append(token, logprob, choices)
+                if cursor is not None:
+                    cursor.advance(token)
+                    done = cursor.done
+                else:
+                    done = token == self.stop_id or len(response.ids) >= max_new_tokens[slot]
+                start = len(response.ids) - 1
+                if done or self._append_forced(slot, response, cursor):
                     active.discard(slot)
-            self.decoded_tokens += len(prompts)
-            if not active:
-                break
-            step_ids = torch.full((num_rows, 1), self.pad_id, dtype=torch.long)  # (rows, 1)
-            step_mask = torch.zeros(num_rows, 1, dtype=torch.long)  # (rows, 1)
-            step_positions = torch.zeros(num_rows, 1, dtype=torch.long)  # (rows, 1)
-            for slot in active:
-                row = row_of[slot]
-                step_ids[row, 0] = responses[slot][0][-1]
-                step_mask[row, 0] = 1
-                step_positions[row, 0] = len(self.fed[slot])
-                self.fed[slot].append(responses[slot][0][-1])
-            logits = self._forward(step_ids.to(self.device), step_mask.to(self.device), step_positions.to(self.device))
+                else:
+                    chunks[slot] = response.ids[start:]
         return responses
+
+    @staticmethod
+    def _append_forced(slot: int, response: "Response", cursor: Cursor | None) -> bool:
+        """Append the run of forced tokens at the cursor; True when that completes the response."""
+        if cursor is None:
+            return False
+        while not cursor.done:
+            token = cursor.forced()
+            if token is None:
+                return False
+            response.append(token, 0.0, (token,))
+            cursor.advance(token)
+        return True
+
+
+@dataclass
+class Response:
+    """One sampled response: token ids, their log-probs, and the allowed set at each position."""
+
+    ids: list[int]
+    logprobs: list[float]
+    allowed: list[tuple[int, ...] | None] | None
+    """Per token: the ids that were allowed there (None: any); None for a free-text response."""
+
+    def append(self, token: int, logprob: float, allowed: tuple[int, ...] | None) -> None:
+        self.ids.append(token)
+        self.logprobs.append(logprob)
+        if self.allowed is not None:
+            self.allowed.append(allowed)
+
+
+def trunk_and_head(model):
+    """The transformer trunk (hidden states after the final norm) and the LM head of a causal LM (LoRA-wrapped or not).
+
+    Calling them apart lets the head run on exactly the rows that need logits, as one
+    contiguous matrix product (`logits_to_keep` on a multi-token chunk made a copy of the
+    head weight per row, hundreds of MB per call on CPU).
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model, base.get_output_embeddings()
+
+
+def allowed_mask(allowed: list[tuple[int, ...] | None], vocab: int, device=None) -> torch.Tensor:
+    """Additive mask (rows, vocab): 0 where a token is allowed (every token for None), -inf elsewhere."""
+    mask = torch.full((len(allowed), vocab), float("-inf"), device=device)  # (rows, vocab)
+    for row, tokens in enumerate(allowed):
+        if tokens is None:
+            mask[row] = 0.0
+        else:
+            mask[row, list(tokens)] = 0.0
+    return mask

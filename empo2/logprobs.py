@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from empo2.generation import allowed_mask, trunk_and_head
 from empo2.rollout import Episode
 
 
@@ -28,27 +29,46 @@ def _is_append_only(episode: Episode, with_tips: bool) -> bool:
     return True
 
 
-def sequence_logprobs(model, ids: list[int], spans: list[tuple[int, int]], *,
-                      temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
-    """Log-probs of the tokens inside `spans` of one sequence, concatenated: (n_action_tokens,)."""
+def sequence_logprobs(model, ids: list[int], spans: list[tuple[int, int]], *, temperature: float = 1.0,
+                      allowed: list[tuple[int, ...] | None] | None = None, chunk_size: int = 1024) -> torch.Tensor:
+    """Log-probs of the tokens inside `spans` of one sequence, concatenated: (n_action_tokens,).
+
+    `allowed` (one entry per action token) renormalises each position over the
+    tokens that were allowed when it was sampled (constrained decoding; None: the
+    whole vocabulary). A forced position (one allowed token) is exactly 0 and
+    does not go through the LM head, so it carries no gradient.
+    """
     device = next(model.parameters()).device
-    input_ids = torch.tensor([ids], device=device)  # (1, L)
-    targets = torch.tensor([ids[p] for start, end in spans for p in range(start, end)], device=device)  # (A,)
-    predicting = torch.tensor([p - 1 for start, end in spans for p in range(start, end)], device=device)  # (A,)
-    if (predicting < 0).any():
+    positions = [p for start, end in spans for p in range(start, end)]
+    if allowed is not None and len(allowed) != len(positions):
+        raise ValueError(f"sequence_logprobs: {len(allowed)} allowed sets for {len(positions)} action tokens")
+    if any(p < 1 for p in positions):
         raise ValueError("sequence_logprobs: an action token cannot be the first token of the sequence")
+    scored = [k for k in range(len(positions)) if allowed is None or allowed[k] is None or len(allowed[k]) > 1]
+    if not scored:
+        return torch.zeros(len(positions), device=device)
+    input_ids = torch.tensor([ids], device=device)  # (1, L)
+    targets = torch.tensor([ids[positions[k]] for k in scored], device=device, dtype=torch.long)  # (S,)
+    predicting = torch.tensor([positions[k] - 1 for k in scored], device=device, dtype=torch.long)  # (S,)
     # One pass through the trunk; the LM head then runs on the predicting rows only, chunk by chunk.
-    out = model(input_ids=input_ids, logits_to_keep=1, output_hidden_states=True)
-    hidden = out.hidden_states[-1][0, predicting]  # (A, hidden), after the final norm
-    lm_head = model.get_output_embeddings()
+    trunk, lm_head = trunk_and_head(model)
+    hidden = trunk(input_ids=input_ids).last_hidden_state[0, predicting]  # (S, hidden), after the final norm
     pieces = []
-    for start in range(0, len(predicting), chunk_size):
-        logits = lm_head(hidden[start : start + chunk_size]).float()  # (a, vocab)
+    for start in range(0, len(scored), chunk_size):
+        logits = lm_head(hidden[start : start + chunk_size]).float()  # (s, vocab)
         if temperature > 0 and temperature != 1.0:
             logits = logits / temperature
-        logprobs = logits.log_softmax(dim=-1)  # (a, vocab)
-        pieces.append(logprobs.gather(1, targets[start : start + chunk_size, None]).squeeze(1))  # (a,)
-    return torch.cat(pieces) if pieces else torch.zeros(0, device=device)
+        if allowed is not None:
+            rows = [allowed[k] for k in scored[start : start + chunk_size]]
+            if any(r is not None for r in rows):
+                logits = logits + allowed_mask(rows, logits.shape[-1], device)  # (s, vocab)
+        logprobs = logits.log_softmax(dim=-1)  # (s, vocab)
+        pieces.append(logprobs.gather(1, targets[start : start + chunk_size, None]).squeeze(1))  # (s,)
+    values = torch.cat(pieces) if pieces else hidden.new_zeros(0).float()  # (S,)
+    if len(scored) == len(positions):
+        return values
+    full = values.new_zeros(len(positions))  # (A,) forced positions stay 0
+    return full.index_copy(0, torch.tensor(scored, device=device, dtype=torch.long), values)
 
 
 def forward_passes(episode: Episode, *, with_tips: bool, packed: bool = True
@@ -68,16 +88,34 @@ def forward_passes(episode: Episode, *, with_tips: bool, packed: bool = True
             for prompt, turn in zip(prompts, turns)]
 
 
+def pass_allowed(episode: Episode, spans_per_pass: list[list[tuple[int, int]]]
+                 ) -> list[list[tuple[int, ...] | None] | None]:
+    """The allowed sets of each forward pass's action tokens (None for a pass of free-text turns only)."""
+    per_token = [allowed for turn in episode.turns
+                 for allowed in turn.allowed_sets()]
+    result, first = [], 0
+    for spans in spans_per_pass:
+        count = sum(end - start for start, end in spans)
+        piece = per_token[first : first + count]
+        first += count
+        result.append(piece if any(a is not None for a in piece) else None)
+    return result
+
+
 def episode_logprobs(model, episode: Episode, *, with_tips: bool, packed: bool = True,
                      temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
     """Log-probs of every action token of `episode`, turn after turn: (n_action_tokens,).
 
     `with_tips` picks the context (behaviour context of memory episodes, or tip-free).
     `packed` uses one forward pass when the conversation is append-only, and
-    falls back to the per-turn path when it is not.
+    falls back to the per-turn path when it is not. Constrained turns are scored
+    under the distribution they were sampled from (renormalised over the allowed tokens).
     """
-    return torch.cat([sequence_logprobs(model, ids, spans, temperature=temperature, chunk_size=chunk_size)
-                      for ids, spans in forward_passes(episode, with_tips=with_tips, packed=packed)])
+    passes = forward_passes(episode, with_tips=with_tips, packed=packed)
+    allowed = pass_allowed(episode, [spans for _, spans in passes])
+    return torch.cat([sequence_logprobs(model, ids, spans, temperature=temperature, allowed=sets,
+                                        chunk_size=chunk_size)
+                      for (ids, spans), sets in zip(passes, allowed)])
 
 
 def tokens_processed(episode: Episode, *, with_tips: bool, packed: bool) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from empo2.chat import ChatFormat, Message, format_tip_block
+from empo2.constrained import ActionEncoder, action_text
 from empo2.generation import GroupGenerator
 from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN
 from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, extract_action, first_turn,
@@ -38,6 +39,8 @@ class Turn:
     """The same conversation with every tip block removed (token level)."""
     response_ids: list[int]
     behaviour_logprobs: list[float]
+    response_allowed: list[tuple[int, ...] | None] | None
+    """Constrained decoding: per response token, the ids allowed when it was sampled; None: free text."""
     raw_action: str
     executed_action: str
     observation: str
@@ -49,6 +52,10 @@ class Turn:
     intrinsic_reward: float = 0.0
     state_embedding: np.ndarray | None = field(default=None, repr=False)
     """Embedding of `state_text` when the rollout computed one (reused as the memory key)."""
+
+    def allowed_sets(self) -> list[tuple[int, ...] | None]:
+        """Per response token: the ids allowed when it was sampled (None: any token)."""
+        return self.response_allowed or [None] * len(self.response_ids)
 
 
 @dataclass
@@ -120,7 +127,8 @@ class Roller:
     def __init__(self, model, tokenizer, *, env_name: str, response_tokens: int, tip_tokens: int,
                  embedder=None, memory=None, novelty=None, reuse_cache: bool = True,
                  generator: torch.Generator | None = None, memory_scope: str = "variation",
-                 prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True):
+                 prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True,
+                 action_decoding: str = "free"):
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer)
@@ -136,6 +144,10 @@ class Roller:
         if prompt_style not in ("chat", "single_turn"):
             raise ValueError(f"prompt_style: {prompt_style!r} is not allowed; choose chat or single_turn")
         self.prompt_style = prompt_style
+        if action_decoding not in ("free", "constrained"):
+            raise ValueError(f"action_decoding: {action_decoding!r} is not allowed; choose free or constrained")
+        self.action_decoding = action_decoding
+        self.actions = ActionEncoder(tokenizer) if action_decoding == "constrained" else None
         self.history_turns = history_turns
         self.think_first = think_first
         self.timer = RolloutTimer()
@@ -172,7 +184,7 @@ class Roller:
         # Tips are stored under state embeddings, so a roller with an embedder computes them for tips too.
         needs_embeddings = needs_memory or use_novelty or (write_tips and self.embedder is not None)
 
-        episodes, observations, infos = [], [], []
+        episodes, observations, infos = [], [], []  # infos: the latest info dict of each episode
         start = time.perf_counter()
         for env, variation, mode in zip(envs, variations, modes):
             observation, info = env.reset(variation)
@@ -205,31 +217,39 @@ class Roller:
             step += 1
             rendered = {i: self.chat.render(episodes[i].messages, add_generation_prompt=True) for i in active}
             start = time.perf_counter()
-            responses = generator.generate({i: r.ids() for i, r in rendered.items()}, self.response_tokens)
+            constraints = None
+            if self.actions is not None:
+                constraints = {i: self.actions.constraint(infos[i]["valid_actions"], self.response_tokens)
+                               for i in active}
+            responses = generator.generate({i: r.ids() for i, r in rendered.items()}, self.response_tokens,
+                                           constraints)
             self.timer.generation += time.perf_counter() - start
 
             start = time.perf_counter()
             results = {}
             for i in active:
-                ids, _ = responses[i]
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                text = self.tokenizer.decode(responses[i].ids, skip_special_tokens=True)
+                if self.actions is not None:
+                    text = action_text(text)
                 results[i] = envs[i].step(text if self.prompt_style == "chat" else extract_action(text))
+                infos[i] = results[i].info
             self.timer.environment += time.perf_counter() - start
 
             for i in active:
-                ids, logprobs = responses[i]
+                response = responses[i]
                 result, episode = results[i], episodes[i]
                 episode.turns.append(Turn(
                     prompt_ids=rendered[i].ids(with_tips=True),
                     prompt_ids_tip_free=rendered[i].ids(with_tips=False),
-                    response_ids=ids, behaviour_logprobs=logprobs,
+                    response_ids=response.ids, behaviour_logprobs=response.logprobs,
+                    response_allowed=response.allowed,
                     raw_action=result.info.get("raw_action", ""),
                     executed_action=result.info.get("executed_action") or "",
                     observation=result.observation, reward=result.reward, score=result.score,
                     tips_shown=shown_tips[i], state_text=states[i],
                     state_embedding=None if embeddings is None else embeddings[i].copy(),
                 ))
-                episode.messages.append(Message("assistant", ids=ids))
+                episode.messages.append(Message("assistant", ids=response.ids))
                 histories[i].append((result.info.get("executed_action") or result.info.get("raw_action", ""),
                                      result.observation))
                 episode.score = result.score
@@ -305,7 +325,7 @@ class Roller:
             prompts[i] = self.chat.render(episode.messages, add_generation_prompt=True).ids()
         responses = generator.generate(prompts, self.tip_tokens)
         for i, episode in enumerate(episodes):
-            episode.tip = self.tokenizer.decode(responses[i][0], skip_special_tokens=True).strip()
+            episode.tip = self.tokenizer.decode(responses[i].ids, skip_special_tokens=True).strip()
             episode.messages.pop()  # the tip prompt is not part of the trained conversation
 
     def store_tips(self, episodes: list[Episode]) -> int:

