@@ -115,6 +115,50 @@ def final_eval(folders: list[Path]) -> pd.DataFrame:
                                        iterations=("iterations", "max")).reset_index()
 
 
+def final_test_scores(folder: Path) -> np.ndarray:
+    """Scores of the test episodes of a run's last evaluation: (episodes,)."""
+    frame = episodes(folder)
+    tested = frame[frame["phase"] == "eval"] if len(frame) else frame
+    if tested.empty:
+        return np.zeros(0)
+    return tested[tested["iteration"] == tested["iteration"].max()]["score"].to_numpy(dtype=float)
+
+
+def score_table(folders: list[Path]) -> pd.DataFrame:
+    """Per method: mean final test score over seeds with its 95% interval (bootstrap over seeds, then
+    test episodes within a seed), success rate, seeds, test and training episodes, training time per run."""
+    from empo2.stats import seed_bootstrap_interval
+
+    by_method: dict[str, list[Path]] = {}
+    for folder in folders:
+        by_method.setdefault(metrics(folder)["method"].iloc[0], []).append(Path(folder))
+    rows = []
+    for method, chosen in by_method.items():
+        scores = [final_test_scores(f) for f in chosen]
+        low, high = seed_bootstrap_interval(scores)
+        frames = [metrics(f) for f in chosen]
+        train = [episodes(f) for f in chosen]
+        rows.append({
+            "method": method, "score": float(np.mean([s.mean() for s in scores])), "95% low": low, "95% high": high,
+            "success": float(np.mean(np.concatenate(scores) >= 100)), "seeds": len(chosen),
+            "test episodes": int(sum(len(s) for s in scores)),
+            "training episodes per run": int(np.mean([(t["phase"] == "train").sum() for t in train])),
+            "training minutes per run": float(np.mean([f["time/iteration"].sum() / 60 if "time/iteration" in f else 0.0
+                                                       for f in frames])),
+        })
+    return pd.DataFrame(rows).set_index("method")
+
+
+def compare_methods(folders_a: list[Path], folders_b: list[Path]) -> dict:
+    """Difference of mean final test score, A minus B, with its 95% interval, and whether it excludes 0."""
+    from empo2.stats import seed_bootstrap_difference
+
+    difference, low, high = seed_bootstrap_difference([final_test_scores(f) for f in folders_a],
+                                                      [final_test_scores(f) for f in folders_b])
+    verdict = "A above B" if low > 0 else "A below B" if high < 0 else "within the noise"
+    return {"difference": difference, "95% low": low, "95% high": high, "verdict": verdict}
+
+
 def save_figure(figure, name: str, results_dir: str = "results") -> Path:
     """Save a matplotlib figure as results/figures/<name>.png (150 dpi)."""
     path = Path(results_dir) / "figures" / f"{name}.png"
