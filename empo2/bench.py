@@ -1,6 +1,6 @@
 """Benchmark: what the two performance designs buy, measured in one run on real ScienceWorld.
 
-    python -m empo2.bench [--task power-component] [--group 4] [--steps 10] [--tokens 16]
+    python -m empo2.bench [--task power-component] [--group 4] [--steps 10] [--tokens 16] [--decoding free]
 
 Prints, for one group of episodes played greedily (so both ways play the same game):
   1. rollout with the KV cache kept across turns vs re-encoding the history every step:
@@ -35,10 +35,12 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--decoding", default="free", choices=("free", "constrained"),
+                        help="free text snapped to actions, or constrained action decoding")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     print(f"threads {torch.get_num_threads()}, task {args.task}, group {args.group}, "
-          f"{args.steps} steps, {args.tokens} tokens per action")
+          f"{args.steps} steps, {args.tokens} tokens per action, {args.decoding} decoding")
 
     model, tokenizer = load_policy(lora_rank=8)
     envs = [make_env("scienceworld", args.task, max_steps=args.steps, n_test_variations=1) for _ in range(args.group)]
@@ -47,7 +49,7 @@ def main() -> None:
         results = {}
         for reuse in (True, False):
             roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=args.tokens, tip_tokens=8,
-                            reuse_cache=reuse)
+                            reuse_cache=reuse, action_decoding=args.decoding)
             start = time.perf_counter()
             episodes = roller.run(envs, [variation] * args.group, [PLAIN] * args.group, temperature=0.0)
             results[reuse] = (roller.last_generator.prefilled_tokens, time.perf_counter() - start,
@@ -91,6 +93,7 @@ def main() -> None:
         cfg = EMPO2Config.from_profile(
             "laptop", task=args.task, results_dir=folder, group_size=args.group, max_steps=args.steps,
             response_tokens=args.tokens, p=0.5, iterations=2, eval_every=100, checkpoint_every=0,
+            action_decoding=args.decoding, minibatch_episodes=0,
         )
         from empo2.trainer import Trainer
 

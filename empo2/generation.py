@@ -194,14 +194,14 @@ class GroupGenerator:
             chunks[slot] = prompt[len(fed):]
             if not chunks[slot]:
                 raise ValueError(f"generate: the prompt of slot {slot} adds no new token")
-            self.prefilled_tokens += len(chunks[slot])
 
         cursors = {slot: constraints[slot].cursor() for slot in prompts if slot in constraints}
         responses = {slot: Response([], [], [] if slot in cursors else None) for slot in prompts}
         active = set()
         for slot in prompts:
-            if not self._append_forced(slot, responses[slot], cursors.get(slot)):
+            if not self._append_forced(responses[slot], cursors.get(slot)):
                 active.add(slot)
+                self.prefilled_tokens += len(chunks[slot])
                 chunks[slot] += responses[slot].ids
         # A slot already complete keeps its chunk for the next call (it is not fed now).
         row_of = {slot: row for row, slot in enumerate(self.rows)}
@@ -219,14 +219,14 @@ class GroupGenerator:
                 else:
                     done = token == self.stop_id or len(response.ids) >= max_new_tokens[slot]
                 start = len(response.ids) - 1
-                if done or self._append_forced(slot, response, cursor):
+                if done or self._append_forced(response, cursor):
                     active.discard(slot)
                 else:
                     chunks[slot] = response.ids[start:]
         return responses
 
     @staticmethod
-    def _append_forced(slot: int, response: "Response", cursor: Cursor | None) -> bool:
+    def _append_forced(response: "Response", cursor: Cursor | None) -> bool:
         """Append the run of forced tokens at the cursor; True when that completes the response."""
         if cursor is None:
             return False
