@@ -12,7 +12,10 @@ from empo2.config import EMPO2Config
 from empo2.paper import SCIENCEWORLD_TABLE1
 
 MAIN_TASK = "power-component"
-SEEDS = {"ci": (0, 1), "laptop": (0, 1, 2), "paper": (0, 1, 2)}
+# Laptop: 2 seeds of GRPO and EMPO² so far (a third seed of each takes about 45 minutes on 2 cores).
+SEEDS = {"ci": (0, 1), "laptop": (0, 1), "paper": (0, 1, 2)}
+NAIVE_SEEDS = {"laptop": (0, 1, 2)}
+"""Seeds of the Naive evaluations where they differ from SEEDS (an evaluation costs about a minute)."""
 
 # Laptop runs committed before constrained decoding existed: free text snapped to actions,
 # 4 episodes x 10 steps, 12 iterations, 5 test episodes. Their notebooks (05-08, 10 and the
@@ -40,10 +43,16 @@ def main_comparison(profile: str, results_dir: str = "results") -> list[EMPO2Con
 
 
 def baselines(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
-    """Naive (the untrained model under the same decoding, one evaluation per seed) and memory-only."""
-    return ([_cfg(profile, results_dir, "power-component", method="naive", task=MAIN_TASK, seed=seed)
-             for seed in SEEDS[profile]]
-            + [_cfg(profile, results_dir, "power-component", method="memory_only", task=MAIN_TASK, seed=0)])
+    """Naive (the untrained model under the same decoding, one evaluation per seed) and memory-only.
+
+    At the laptop profile memory-only has not been run under constrained decoding yet; it joins
+    when the committed results are regenerated (until then `make run` would train it for minutes).
+    """
+    naive = [_cfg(profile, results_dir, "power-component", method="naive", task=MAIN_TASK, seed=seed)
+             for seed in NAIVE_SEEDS.get(profile, SEEDS[profile])]
+    if profile == "laptop":
+        return naive
+    return naive + [_cfg(profile, results_dir, "power-component", method="memory_only", task=MAIN_TASK, seed=0)]
 
 
 def free_text_main_run(profile: str, method: str, results_dir: str = "results") -> EMPO2Config:
