@@ -467,7 +467,8 @@ def backward_per_pass(model, episode: Episode, old: torch.Tensor, ref: torch.Ten
             dual_clip=cfg.dual_clip, delta=cfg.delta, delta_mode=cfg.delta_mode,
             ref_logprobs=None if ref is None else ref[piece], kl_beta=cfg.kl_beta, normalizer=normalizer,
         )
-        loss.backward()
+        if loss.requires_grad:  # a pass whose action tokens were all forced has no gradient
+            loss.backward()
         pieces.append(new.detach())
     return torch.cat(pieces)
 
