@@ -146,8 +146,8 @@ class Roller:
         self.prompt_style = prompt_style
         if action_decoding not in ("free", "constrained"):
             raise ValueError(f"action_decoding: {action_decoding!r} is not allowed; choose free or constrained")
-        self.action_decoding = action_decoding
         self.actions = ActionEncoder(tokenizer) if action_decoding == "constrained" else None
+        """Builds each state's constraint when actions are decoded constrained; None for free text."""
         self.history_turns = history_turns
         self.think_first = think_first
         self.timer = RolloutTimer()
