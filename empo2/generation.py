@@ -114,8 +114,9 @@ class GroupGenerator:
         """`_forward` computed row by row on the real tokens only (same cache layout and logits)."""
         layers = self.cache.layers
         width = input_ids.shape[1]
-        new_keys = [torch.zeros_like(layer.keys[:, :, :width]) for layer in layers]  # (rows, heads, width, dim)
-        new_values = [torch.zeros_like(layer.values[:, :, :width]) for layer in layers]
+        # (rows, heads, width, dim); the chunk may be longer than the cache so far, so no slicing of it
+        new_keys = [layer.keys.new_zeros(*layer.keys.shape[:2], width, layer.keys.shape[3]) for layer in layers]
+        new_values = [layer.values.new_zeros(*layer.values.shape[:2], width, layer.values.shape[3]) for layer in layers]
         logits = []
         for row in range(input_ids.shape[0]):
             n = int(chunk_mask[row].sum())

@@ -67,6 +67,25 @@ def test_row_by_row_prefill_matches_the_padded_batch(policy_fp32):
         torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
 
 
+def test_row_by_row_chunk_longer_than_the_cache(policy_fp32):
+    """A chunk wider than everything cached so far is placed into the batched cache too."""
+    model, tokenizer = policy_fp32
+    short = tokenizer("Hi.", add_special_tokens=False)["input_ids"]
+    long = tokenizer(" ".join(OBSERVATIONS[1]) * 3, add_special_tokens=False)["input_ids"]
+    results = []
+    for ratio in (1e9, 0.0):
+        generator = GroupGenerator(model, tokenizer, 2, temperature=0)
+        generator.row_split_ratio = ratio
+        first = generator.generate({0: short, 1: short}, 2)
+        prompts = {s: short + first[s].ids + (long if s == 0 else short) for s in (0, 1)}
+        assert len(long) > len(short) + 2
+        results.append(generator.generate(prompts, 3))
+    for slot in (0, 1):
+        assert results[0][slot].ids == results[1][slot].ids
+        torch.testing.assert_close(torch.tensor(results[0][slot].logprobs), torch.tensor(results[1][slot].logprobs),
+                                   atol=1e-4, rtol=0)
+
+
 def test_non_append_only_prompt_is_refused(policy_and_tokenizer):
     model, tokenizer = policy_and_tokenizer
     generator = GroupGenerator(model, tokenizer, 1, temperature=0)
