@@ -1,16 +1,23 @@
-"""Benchmark: what the two performance designs buy, measured in one run on real ScienceWorld.
+"""Benchmark: what each throughput design buys, as ratios of two ways measured in one run, on real ScienceWorld.
 
-    python -m empo2.bench [--task power-component] [--group 4] [--steps 10] [--tokens 16] [--decoding free]
+    python -m empo2.bench [--task power-component] [--group 8] [--steps 30] [--decoding constrained]
+                          [--with-naive] [--quick]
 
-Prints, for one group of episodes played greedily (so both ways play the same game):
-  1. rollout with the KV cache kept across turns vs re-encoding the history every step:
-     prompt tokens prefilled and seconds, and their ratios;
-  2. the update's log-prob pass, packed (one forward per episode) vs per turn:
-     tokens processed and seconds for forward + backward, and their ratios;
-  3. a full EMPO² iteration through the trainer: its wall time and the share of
-     rollout time spent in memory operations (tip generation, retrieval, storage).
-Speed is reported as ratios of two ways measured in the same process, not as
-absolute targets: the machines are noisy.
+Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
+  0. the machine: threads, and memory bandwidth from a 256 MB copy;
+  1. one greedy group rollout with the KV cache written in place (finished episodes not
+     computed) vs the plain cache (copied at every call, every row computed); with
+     --with-naive also re-encoding the history at every step; same actions both ways?
+  2. one decode step over the rollout's cache, against the memory-bandwidth bound
+     (weights + the live rows' KV cache read once, at the measured bandwidth);
+  3. the group's environment steps (the rollout's actions replayed) one after the
+     other vs at the same time from threads (one JVM per environment);
+  4. the update: tokens read per trajectory token, with θ_old's log-probs taken from the
+     first gradient pass vs a separate no-grad pass (and with --with-naive the packed
+     pass vs one pass per turn);
+  5. whole iterations through the trainer (p = 0.5, so memory is exercised): EMPO² the
+     plain way vs EMPO² with every design above, GRPO with them, and where the time goes.
+The goals each figure is held against are printed beside it. --quick: group 4, 10 steps.
 """
 
 from __future__ import annotations
@@ -26,89 +33,170 @@ from empo2.envs import make_env
 from empo2.logprobs import episode_logprobs, tokens_processed
 from empo2.loss import PLAIN
 from empo2.models import load_policy
-from empo2.rollout import Roller
+from empo2.rollout import Roller, call_each
+
+
+def bandwidth_gb_s(megabytes: int = 256, repeats: int = 5) -> float:
+    """Memory bandwidth (read + write) of a large bf16 copy, best of `repeats`."""
+    source = torch.ones(megabytes * 2**20 // 2, dtype=torch.bfloat16)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() * 2 / best / 1e9
+
+
+def rollout(model, tokenizer, envs, variation, args, **ways):
+    roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=args.tokens, tip_tokens=8,
+                    action_decoding=args.decoding, **ways)
+    start = time.perf_counter()
+    episodes = roller.run(envs, [variation] * len(envs), [PLAIN] * len(envs), temperature=0.0)
+    return episodes, roller, time.perf_counter() - start
+
+
+def decode_step_ms(generator, steps: int = 8) -> float:
+    """Mean time of a one-token step for every row of `generator`'s cache (the tokens are arbitrary)."""
+    slots = list(generator.rows)
+    token = generator.stop_id
+    with torch.no_grad():
+        generator._bring_forward(set(slots))
+        generator._feed({slot: [token] for slot in slots})  # warm-up
+        start = time.perf_counter()
+        for _ in range(steps):
+            generator._feed({slot: [token] for slot in slots})
+    return (time.perf_counter() - start) / steps * 1000
+
+
+def replay_seconds(envs, variation, episodes, parallel: bool) -> float:
+    """Seconds of environment calls to replay `episodes`' executed actions, the group stepping together."""
+    start = time.perf_counter()
+    call_each(envs, [(env.reset, variation) for env in envs], parallel=parallel)
+    for step in range(max(len(e.turns) for e in episodes)):
+        going = [i for i, e in enumerate(episodes) if step < len(e.turns)]
+        call_each([envs[i] for i in going], [(envs[i].step, episodes[i].turns[step].executed_action) for i in going],
+                  parallel=parallel)
+    return time.perf_counter() - start
+
+
+def iteration(args, method: str, plain: bool) -> dict:
+    """The second iteration (the first fills the memory) of a trainer, the plain way or not."""
+    from empo2.trainer import Trainer
+
+    with tempfile.TemporaryDirectory() as folder:
+        cfg = EMPO2Config.from_profile(
+            "laptop", method=method, task=args.task, results_dir=folder, group_size=args.group,
+            max_steps=args.steps, response_tokens=args.tokens, iterations=2, eval_every=100, checkpoint_every=0,
+            action_decoding=args.decoding, **({"p": 0.5} if method == "empo2" else {}),
+        )
+        with Trainer(cfg, show_progress=False) as trainer:
+            if plain:
+                trainer.reuse_old_logprobs = False
+                trainer.roller.parallel_envs = False
+                trainer.roller.in_place_cache = False
+            trainer.train_iteration()
+            return trainer.train_iteration()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="power-component")
-    parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--decoding", default="free", choices=("free", "constrained"),
-                        help="free text snapped to actions, or constrained action decoding")
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--tokens", type=int, default=12, help="response token limit (free text)")
+    parser.add_argument("--decoding", default="constrained", choices=("free", "constrained"))
+    parser.add_argument("--with-naive", action="store_true",
+                        help="also re-encode the history every step and score one pass per turn (slow: O(T^2))")
+    parser.add_argument("--quick", action="store_true", help="group 4, 10 steps")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    print(f"threads {torch.get_num_threads()}, task {args.task}, group {args.group}, "
-          f"{args.steps} steps, {args.tokens} tokens per action, {args.decoding} decoding")
+    if args.quick:
+        args.group, args.steps = 4, 10
+    threads = torch.get_num_threads()
+    bandwidth = bandwidth_gb_s()
+    print(f"0. machine: {threads} threads, memory bandwidth {bandwidth:.1f} GB/s (256 MB bf16 copy, read + write)")
+    print(f"   task {args.task}, group {args.group} x {args.steps} steps, {args.decoding} decoding, greedy")
 
     model, tokenizer = load_policy(lora_rank=8)
     envs = [make_env("scienceworld", args.task, max_steps=args.steps, n_test_variations=1) for _ in range(args.group)]
     try:
         variation = envs[0].train_variations[0]
-        results = {}
-        for reuse in (True, False):
-            roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=args.tokens, tip_tokens=8,
-                            reuse_cache=reuse, action_decoding=args.decoding)
-            start = time.perf_counter()
-            episodes = roller.run(envs, [variation] * args.group, [PLAIN] * args.group, temperature=0.0)
-            results[reuse] = (roller.last_generator.prefilled_tokens, time.perf_counter() - start,
-                              roller.timer.generation, episodes)
-        (cached_tokens, cached_s, cached_gen, episodes), (naive_tokens, naive_s, naive_gen, _) = results[True], results[False]
-        same = [e.turns[-1].executed_action for e in episodes] == [e.turns[-1].executed_action for e in results[False][3]]
-        print("\n1. rollout: KV cache kept across turns vs re-encoding the history")
-        print(f"   prompt tokens prefilled  cache {cached_tokens:>8d}   re-encode {naive_tokens:>8d}   "
-              f"ratio {naive_tokens / cached_tokens:5.2f}x fewer")
-        print(f"   generation seconds       cache {cached_gen:8.1f}   re-encode {naive_gen:8.1f}   "
-              f"ratio {naive_gen / cached_gen:5.2f}x faster")
-        print(f"   rollout seconds (+env)   cache {cached_s:8.1f}   re-encode {naive_s:8.1f}   "
-              f"(same final actions in both: {same})")
+        ways = {"in place": dict(in_place_cache=True), "plain": dict(in_place_cache=False)}
+        if args.with_naive:
+            ways["re-encode"] = dict(reuse_cache=False)
+        runs = {name: rollout(model, tokenizer, envs, variation, args, parallel_envs=False, **way)
+                for name, way in ways.items()}
+        episodes, roller, _ = runs["in place"]
+        print("\n1. rollout generation (environment steps excluded)")
+        print(f"   {'':10s} {'prefilled':>10s} {'computed':>10s} {'model calls':>11s} {'seconds':>8s}")
+        for name, (_, r, _) in runs.items():
+            g = r.last_generator
+            print(f"   {name:10s} {g.prefilled_tokens:10d} {g.computed_tokens:10d} {g.forward_calls:11d} "
+                  f"{r.timer.generation:8.1f}")
+        base = roller.timer.generation
+        for name, (other, r, _) in runs.items():
+            if name != "in place":
+                same = sum(a.turns[-1].executed_action == b.turns[-1].executed_action and len(a.turns) == len(b.turns)
+                           for a, b in zip(episodes, other))
+                gap = max(abs(x - y) for a, b in zip(episodes, other) for ta, tb in zip(a.turns, b.turns)
+                          for x, y in zip(ta.behaviour_logprobs, tb.behaviour_logprobs))
+                print(f"   in place vs {name}: {r.timer.generation / base:5.2f}x faster; same episodes "
+                      f"{same}/{len(episodes)}; max |log-prob difference| {gap:.3f} (bf16)")
 
-        print("\n2. update: packed log-probs (one pass per episode) vs one pass per turn, forward + backward")
-        model.train()
-        timings = {}
-        for packed in (True, False):
-            tokens = sum(tokens_processed(e, with_tips=False, packed=packed) for e in episodes)
-            start = time.perf_counter()
-            values = []
-            for episode in episodes:
-                logprobs = episode_logprobs(model, episode, with_tips=False, packed=packed)
-                logprobs.sum().backward()
-                values.append(logprobs.detach())
-            model.zero_grad(set_to_none=True)
-            timings[packed] = (tokens, time.perf_counter() - start, torch.cat(values))
-        (packed_tokens, packed_s, packed_lp), (turn_tokens, turn_s, turn_lp) = timings[True], timings[False]
-        print(f"   tokens processed         packed {packed_tokens:>7d}   per turn {turn_tokens:>8d}   "
-              f"ratio {turn_tokens / packed_tokens:5.2f}x fewer")
-        print(f"   seconds                  packed {packed_s:7.1f}   per turn {turn_s:8.1f}   "
-              f"ratio {turn_s / packed_s:5.2f}x faster")
-        print(f"   max |log-prob difference| (bf16) {float((packed_lp - turn_lp).abs().max()):.3f}")
+        print("\n2. one decode step (every row, one new token) over the rollout's cache")
+        trunk_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        for name in ("in place", "plain"):
+            g = runs[name][1].last_generator
+            kv_bytes = sum(layer.length * layer.key_buffer[0, :, 0].numel() * 2 * layer.key_buffer.element_size()
+                           for layer in g.cache.layers) * len(g.rows)
+            bound = (trunk_bytes + kv_bytes) / (bandwidth / 2 * 1e9) * 1000  # read once at half the copy rate
+            ms = decode_step_ms(g)
+            print(f"   {name:8s}: {ms:6.1f} ms at batch {len(g.rows)}, cache {g.mask.shape[1]} positions; "
+                  f"bound {bound:5.1f} ms (weights {trunk_bytes / 1e6:.0f} MB + KV {kv_bytes / 1e6:.0f} MB); "
+                  f"{ms / bound:4.1f}x the bound (goal: within 3x)")
+
+        print("\n3. environment steps of the group, replaying the rollout's actions")
+        one_by_one = replay_seconds(envs, variation, episodes, parallel=False)
+        together = replay_seconds(envs, variation, episodes, parallel=True)
+        print(f"   one after the other {one_by_one:6.1f} s   at the same time {together:6.1f} s   "
+              f"ratio {one_by_one / together:4.2f}x faster")
+
+        if args.with_naive:
+            print("\n4b. update log-probs: packed (one pass per episode) vs one pass per turn, forward + backward")
+            model.train()
+            timings = {}
+            for packed in (True, False):
+                tokens = sum(tokens_processed(e, with_tips=False, packed=packed) for e in episodes)
+                start = time.perf_counter()
+                for episode in episodes:
+                    episode_logprobs(model, episode, with_tips=False, packed=packed).sum().backward()
+                model.zero_grad(set_to_none=True)
+                timings[packed] = (tokens, time.perf_counter() - start)
+            (packed_tokens, packed_s), (turn_tokens, turn_s) = timings[True], timings[False]
+            print(f"   tokens {packed_tokens} vs {turn_tokens} ({turn_tokens / packed_tokens:.2f}x fewer); "
+                  f"seconds {packed_s:.1f} vs {turn_s:.1f} ({turn_s / packed_s:.2f}x faster)")
     finally:
         for env in envs:
             env.close()
     del model
 
-    print("\n3. one full EMPO² iteration through the trainer (p = 0.5 so memory is exercised)")
-    with tempfile.TemporaryDirectory() as folder:
-        cfg = EMPO2Config.from_profile(
-            "laptop", task=args.task, results_dir=folder, group_size=args.group, max_steps=args.steps,
-            response_tokens=args.tokens, p=0.5, iterations=2, eval_every=100, checkpoint_every=0,
-            action_decoding=args.decoding, minibatch_episodes=0,
-        )
-        from empo2.trainer import Trainer
-
-        with Trainer(cfg, show_progress=False) as trainer:
-            trainer.train_iteration()  # the first iteration fills the memory
-            metrics = trainer.train_iteration()
-    rollout = metrics["time/rollout"]
-    print(f"   iteration wall time {metrics['time/iteration']:.1f} s  (rollout {rollout:.1f} s, "
-          f"update {metrics['time/update']:.1f} s)")
-    print(f"   rollout split: generation {metrics['time/generation']:.1f} s, environment "
-          f"{metrics['time/environment']:.1f} s, memory {metrics['time/memory']:.1f} s, "
-          f"novelty {metrics['time/novelty']:.1f} s")
-    print(f"   memory operations share of rollout time: {metrics['time/memory'] / rollout:.1%} "
-          f"(memory episodes this iteration: {metrics['train/episodes/memory_on'] + metrics['train/episodes/off_policy']}"
-          f" of {args.group}; memory size {metrics['memory/size']})")
+    print("\n5. whole iterations through the trainer (laptop profile, p = 0.5 for EMPO2; the second iteration)")
+    results = {"EMPO2 plain way": iteration(args, "empo2", plain=True),
+               "EMPO2": iteration(args, "empo2", plain=False),
+               "GRPO": iteration(args, "grpo", plain=False)}
+    print(f"   {'':16s} {'iteration':>9s} {'rollout':>8s} {'generate':>8s} {'env':>6s} {'memory':>7s} "
+          f"{'update':>7s} {'steps':>6s} {'read/traj':>9s}")
+    for name, m in results.items():
+        print(f"   {name:16s} {m['time/iteration']:9.1f} {m['time/rollout']:8.1f} {m['time/generation']:8.1f} "
+              f"{m['time/environment']:6.1f} {m['time/memory']:7.1f} {m['time/update']:7.1f} "
+              f"{m['train/steps']:6.1f} {m.get('update/tokens_read_per_trajectory_token', float('nan')):9.2f}")
+    new, old, grpo = results["EMPO2"], results["EMPO2 plain way"], results["GRPO"]
+    print(f"   EMPO2 iteration: {new['time/iteration']:.1f} s (goal: under 60 s at group 8 x 30 steps); "
+          f"{old['time/iteration'] / new['time/iteration']:.2f}x faster than the plain way")
+    print(f"   memory operations: {new['time/memory'] / new['time/rollout']:.1%} of rollout time (goal: under 5%)")
+    print(f"   EMPO2 / GRPO iteration time: {new['time/iteration'] / grpo['time/iteration']:.2f}x (goal: at most 1.3x)")
+    print(f"   update tokens read per trajectory token: {new.get('update/tokens_read_per_trajectory_token', 0):.2f} "
+          f"vs {old.get('update/tokens_read_per_trajectory_token', 0):.2f} the plain way (goal: within 1.2x)")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ attention mask, and `position_ids` count real tokens only, so each row sees
 exactly the positions it would see alone. `reuse_cache=False` is the naive way
 (re-encode every prompt from scratch each call) kept for truncated histories and
 for the benchmark.
+
+The cache is written in place (`GrowingLayer`): buffers that double when full,
+so a decode step writes its new entries instead of copying the whole cache, and
+the slots a call asks for are kept as the first rows, so finished episodes cost
+nothing until they are asked again (for their tips). `in_place=False` is the plain
+way (copy at every call, compute every row), kept for the benchmark and the tests.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import inspect
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from empo2.constrained import ActionConstraint, Cursor
 
@@ -35,68 +41,79 @@ class GroupGenerator:
     """Samples one response per requested slot; slots are episodes of one group."""
 
     def __init__(self, model, tokenizer, num_slots: int, *, reuse_cache: bool = True,
-                 temperature: float = 1.0, generator: torch.Generator | None = None):
+                 temperature: float = 1.0, generator: torch.Generator | None = None, in_place: bool = True):
         self.model = model
         self.pad_id = tokenizer.pad_token_id
         self.stop_id = tokenizer.eos_token_id
         self.reuse_cache = reuse_cache
         self.temperature = temperature
         self.generator = generator
+        self.in_place = in_place
         self.device = next(model.parameters()).device
         self.trunk, self.lm_head = trunk_and_head(model)
+        self.num_layers = model.config.num_hidden_layers
         # transformers >= 5.2x calls the cache argument `cache`; older releases `past_key_values`.
         self._cache_arg = "cache" if "cache" in inspect.signature(self.trunk.forward).parameters else "past_key_values"
         self.fed: dict[int, list[int]] = {}  # slot -> real token ids already in the cache
         self.rows: list[int] = []  # slot of each cache row
-        self.cache = None
+        self.live_rows = 0  # the first `live_rows` rows are the slots of the current call
+        self.cache: Cache | None = None
         self.mask = torch.zeros(0, 0, dtype=torch.long)  # (rows, cache_len)
         self.prefilled_tokens = 0  # real prompt tokens run through the model (for benchmarks)
         self.forward_calls = 0  # model calls, prefill and decode (for benchmarks)
+        self.computed_tokens = 0  # token positions run through the model, padding included (for benchmarks)
         self.row_split_ratio = 2.0
         """Run a chunk row by row when the padded batch would hold more than this many times its real tokens."""
         self._reset(list(range(num_slots)))
 
     def _reset(self, slots: list[int]) -> None:
         self.rows = list(slots)
+        self.live_rows = len(slots)
         self.fed = {slot: [] for slot in slots}
-        self.cache = None
+        growth = 2.0 if self.in_place else 1.0
+        self.cache = Cache(layers=[GrowingLayer(len(slots), growth) for _ in range(self.num_layers)])
         self.mask = torch.zeros(len(slots), 0, dtype=torch.long, device=self.device)
 
-    def release(self, slots: list[int]) -> None:
-        """Drop finished slots from the batch so later calls stop computing them."""
-        keep = [row for row, slot in enumerate(self.rows) if slot not in set(slots)]
-        if len(keep) == len(self.rows):
+    def _bring_forward(self, slots: set[int]) -> None:
+        """Make `slots` the first rows of the cache (in place mode); only those rows are computed until the next call."""
+        if not self.in_place:
+            self.live_rows = len(self.rows)
             return
-        index = torch.tensor(keep, device=self.device)
-        if self.cache is not None:
-            self.cache.batch_select_indices(index)
+        self.live_rows = len(slots)
+        if set(self.rows[: len(slots)]) == slots:
+            return
+        order = ([row for row, slot in enumerate(self.rows) if slot in slots]
+                 + [row for row, slot in enumerate(self.rows) if slot not in slots])
+        index = torch.tensor(order, device=self.device)
+        for layer in self.cache.layers:
+            layer.reorder_rows(index)
         self.mask = self.mask[index]
-        for slot in slots:
-            self.fed.pop(slot, None)
-        self.rows = [self.rows[row] for row in keep]
+        self.rows = [self.rows[row] for row in order]
 
     def _forward(self, input_ids, chunk_mask, positions):
+        """Batched pass over the live rows: (live, width) inputs, chunk_mask (rows, width) -> logits (live, vocab)."""
         self.mask = torch.cat([self.mask, chunk_mask], dim=1)  # (rows, cache_len + n)
-        out = self.trunk(input_ids=input_ids, attention_mask=self.mask, position_ids=positions, use_cache=True,
-                         **{self._cache_arg: self.cache})
-        self.cache = getattr(out, self._cache_arg)
-        return self.lm_head(out.last_hidden_state[:, -1].contiguous()).float()  # (rows, vocab)
+        live = input_ids.shape[0]
+        self.computed_tokens += input_ids.numel()
+        out = self.trunk(input_ids=input_ids, attention_mask=self.mask[:live], position_ids=positions,
+                         use_cache=True, **{self._cache_arg: self.cache})
+        return self.lm_head(out.last_hidden_state[:, -1].contiguous()).float()  # (live, vocab)
 
     def _feed(self, chunks: dict[int, list[int]]) -> torch.Tensor:
-        """Run each slot's new tokens through the model; logits after each row's last token: (rows, vocab).
+        """Run each slot's new tokens through the model; logits after each live row's last token: (live, vocab).
 
         Chunks of similar length go in one left-padded batch. When padding would
         dominate (one row brings a long observation, the others a few tokens), each
-        row runs alone on its slice of the cache and the new entries are placed into
-        the batched cache with padding holes: the same cache, without computing the padding.
+        row runs alone on its own rows of the cache, writing its new entries after
+        a padding hole: the same cache, without computing the padding.
         """
         width = max(len(chunk) for chunk in chunks.values())
-        num_rows = len(self.rows)
+        live = self.live_rows
         real = sum(len(chunk) for chunk in chunks.values())
-        input_ids = torch.full((num_rows, width), self.pad_id, dtype=torch.long)  # (rows, width)
-        chunk_mask = torch.zeros(num_rows, width, dtype=torch.long)  # (rows, width)
-        positions = torch.zeros(num_rows, width, dtype=torch.long)  # (rows, width)
-        for row, slot in enumerate(self.rows):
+        input_ids = torch.full((live, width), self.pad_id, dtype=torch.long)  # (live, width)
+        chunk_mask = torch.zeros(len(self.rows), width, dtype=torch.long)  # (rows, width); idle rows get a hole
+        positions = torch.zeros(live, width, dtype=torch.long)  # (live, width)
+        for row, slot in enumerate(self.rows[:live]):
             chunk = chunks.get(slot, [])
             if chunk:
                 start = width - len(chunk)
@@ -105,7 +122,7 @@ class GroupGenerator:
                 positions[row, start:] = torch.arange(len(self.fed[slot]), len(self.fed[slot]) + len(chunk))
                 self.fed[slot].extend(chunk)
         input_ids, chunk_mask, positions = (t.to(self.device) for t in (input_ids, chunk_mask, positions))
-        if self.cache is not None and width >= 8 and num_rows * width > self.row_split_ratio * real:
+        if self.mask.shape[1] > 0 and width >= 8 and live * width > self.row_split_ratio * real:
             return self._forward_rows(input_ids, chunk_mask, positions)
         self.forward_calls += 1
         return self._forward(input_ids, chunk_mask, positions)
@@ -113,31 +130,26 @@ class GroupGenerator:
     def _forward_rows(self, input_ids, chunk_mask, positions) -> torch.Tensor:
         """`_forward` computed row by row on the real tokens only (same cache layout and logits)."""
         layers = self.cache.layers
-        width = input_ids.shape[1]
-        # (rows, heads, width, dim); the chunk may be longer than the cache so far, so no slicing of it
-        new_keys = [layer.keys.new_zeros(*layer.keys.shape[:2], width, layer.keys.shape[3]) for layer in layers]
-        new_values = [layer.values.new_zeros(*layer.values.shape[:2], width, layer.values.shape[3]) for layer in layers]
+        length, width = self.mask.shape[1], input_ids.shape[1]
+        for layer in layers:
+            layer.reserve(width)
         logits = []
         for row in range(input_ids.shape[0]):
             n = int(chunk_mask[row].sum())
             if n == 0:
                 logits.append(None)
                 continue
-            cache = DynamicCache(ddp_cache_data=[(layer.keys[row : row + 1], layer.values[row : row + 1])
-                                                 for layer in layers])
-            mask = torch.cat([self.mask[row : row + 1], chunk_mask[row : row + 1, width - n :]], dim=1)  # (1, len + n)
+            row_cache = Cache(layers=[RowLayer(layer, row, length + width - n) for layer in layers])
+            mask = torch.cat([self.mask[row : row + 1], chunk_mask[row : row + 1]], dim=1)  # (1, length + width)
             out = self.trunk(
                 input_ids=input_ids[row : row + 1, width - n :], attention_mask=mask,
-                position_ids=positions[row : row + 1, width - n :], use_cache=True, **{self._cache_arg: cache},
+                position_ids=positions[row : row + 1, width - n :], use_cache=True, **{self._cache_arg: row_cache},
             )
             self.forward_calls += 1
-            for index, layer in enumerate(getattr(out, self._cache_arg).layers):
-                new_keys[index][row, :, width - n :] = layer.keys[0, :, -n:]
-                new_values[index][row, :, width - n :] = layer.values[0, :, -n:]
+            self.computed_tokens += n
             logits.append(self.lm_head(out.last_hidden_state[0, -1]).float())
-        for index, layer in enumerate(layers):
-            layer.keys = torch.cat([layer.keys, new_keys[index]], dim=-2)
-            layer.values = torch.cat([layer.values, new_values[index]], dim=-2)
+        for layer in layers:
+            layer.advance(width)
         self.mask = torch.cat([self.mask, chunk_mask], dim=1)  # (rows, cache_len + width)
         vocab = next(l for l in logits if l is not None).shape[-1]
         return torch.stack([l if l is not None else torch.zeros(vocab, device=self.device) for l in logits])
@@ -182,7 +194,8 @@ class GroupGenerator:
             self._reset(sorted(prompts))
         unknown = set(prompts) - set(self.rows)
         if unknown:
-            raise ValueError(f"generate: slots {sorted(unknown)} were released or never existed")
+            raise ValueError(f"generate: slots {sorted(unknown)} do not exist (this generator has {len(self.rows)})")
+        self._bring_forward(set(prompts))
 
         chunks = {}
         for slot, prompt in prompts.items():
@@ -238,6 +251,94 @@ class GroupGenerator:
             response.append(token, 0.0, (token,))
             cursor.advance(token)
         return True
+
+
+class GrowingLayer(DynamicLayer):
+    """One layer's KV cache in buffers (rows, kv_heads, capacity, head_dim) written in place.
+
+    transformers' `DynamicLayer` concatenates, so every call (every decode step) copies
+    the whole cache; here capacity grows by `growth` when full and a call writes only its
+    new entries. A call may bring fewer rows than the buffers hold: they are the first
+    rows, and the others keep a zero hole at the new positions (masked out; zero so that
+    no stale value meets a zero attention weight). `growth=1` is the plain way: exact-size
+    reallocation and a full copy at every call, as `DynamicLayer` does.
+    """
+
+    def __init__(self, rows: int, growth: float = 2.0):
+        super().__init__()
+        self.rows = rows
+        self.growth = growth
+        self.length = 0
+        self.key_buffer = self.value_buffer = None  # (rows, kv_heads, capacity, head_dim)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        heads, dim = key_states.shape[1], key_states.shape[3]
+        self.key_buffer = key_states.new_zeros(self.rows, heads, 0, dim)
+        self.value_buffer = value_states.new_zeros(self.rows, heads, 0, dim)
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def reserve(self, extra: int) -> None:
+        """Make room for `extra` more positions (growing the buffers if needed)."""
+        needed, capacity = self.length + extra, 0 if self.key_buffer is None else self.key_buffer.shape[2]
+        if self.key_buffer is None or needed <= capacity:
+            return
+        new_capacity = max(needed, int(capacity * self.growth))
+        for name in ("key_buffer", "value_buffer"):
+            old = getattr(self, name)
+            grown = old.new_zeros(*old.shape[:2], new_capacity, old.shape[3])
+            grown[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, grown)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write the new entries of the first rows; return those rows' keys and values so far."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        rows, n = key_states.shape[0], key_states.shape[2]
+        self.reserve(n)
+        self.write(slice(0, rows), self.length, key_states, value_states)
+        self.advance(n)
+        return self.view(slice(0, rows), self.length)
+
+    def write(self, rows: slice, start: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.key_buffer[rows, :, start : start + key_states.shape[2]] = key_states
+        self.value_buffer[rows, :, start : start + value_states.shape[2]] = value_states
+
+    def view(self, rows: slice, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys, self.values = self.key_buffer[rows, :, :end], self.value_buffer[rows, :, :end]
+        return self.keys, self.values
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def reorder_rows(self, index: torch.Tensor) -> None:
+        if self.key_buffer is not None:
+            self.key_buffer, self.value_buffer = self.key_buffer[index], self.value_buffer[index]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+class RowLayer(DynamicLayer):
+    """One row of a `GrowingLayer`, for a call that runs rows one at a time.
+
+    The row's new entries land at `start` (the end of the call's padded width); the
+    hole before them stays zero. The parent advances once, after every row has run.
+    """
+
+    def __init__(self, parent: GrowingLayer, row: int, start: int):
+        super().__init__()
+        self.parent, self.rows, self.start = parent, slice(row, row + 1), start
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.parent.key_buffer is None:  # pragma: no cover - the row path only runs on a filled cache
+            raise RuntimeError("RowLayer: the parent cache is empty")
+        self.parent.write(self.rows, self.start, key_states, value_states)
+        return self.parent.view(self.rows, self.start + key_states.shape[2])
+
+    def get_seq_length(self) -> int:
+        return self.start
 
 
 @dataclass

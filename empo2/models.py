@@ -18,6 +18,7 @@ import importlib.util
 import os
 import shutil
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -175,7 +176,8 @@ class Embedder:
     (1, 384)
     """
 
-    def __init__(self, name_or_path: str = DEFAULT_EMBEDDER, batch_size: int = 64, max_length: int = 256):
+    def __init__(self, name_or_path: str = DEFAULT_EMBEDDER, batch_size: int = 64, max_length: int = 256,
+                 cache_size: int = 50_000):
         from transformers import AutoModel, AutoTokenizer
 
         _quiet_transformers()
@@ -190,12 +192,35 @@ class Embedder:
         self.batch_size = batch_size
         self.max_length = max_length
         self.dim = self.model.config.hidden_size
+        self.cache_size = cache_size
+        """Texts whose vectors are kept (least recently used dropped first); 0: embed every text every time."""
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.computed = 0  # texts run through the model (for benchmarks)
 
-    @torch.no_grad()
     def encode(self, texts: list[str]) -> np.ndarray:
-        """(n,) texts -> (n, dim) float32, each row of unit length."""
+        """(n,) texts -> (n, dim) float32, each row of unit length.
+
+        A rollout embeds the state of every episode at every step, and an agent that
+        loops meets the same states again: each distinct text is computed once, alone
+        (no padding, so its vector does not depend on which texts came with it), and
+        reused. `cache_size=0` is the plain way: every text, every call, in padded batches.
+        """
         if isinstance(texts, str):
             raise TypeError("Embedder.encode: texts must be a list of strings, not a single string")
+        if not self.cache_size:
+            return self._compute(list(texts))
+        for text in dict.fromkeys(text for text in texts if text not in self._cache):
+            self._cache[text] = self._compute([text])[0]
+        vectors = np.stack([self._cache[text] for text in texts]) if texts else np.zeros((0, self.dim), np.float32)
+        for text in texts:
+            self._cache.move_to_end(text)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return vectors
+
+    @torch.no_grad()
+    def _compute(self, texts: list[str]) -> np.ndarray:
+        self.computed += len(texts)
         chunks = []
         for start in range(0, len(texts), self.batch_size):
             batch = self.tokenizer(

@@ -16,6 +16,7 @@ batched over the group and reusing the group's KV cache.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -128,7 +129,7 @@ class Roller:
                  embedder=None, memory=None, novelty=None, reuse_cache: bool = True,
                  generator: torch.Generator | None = None, memory_scope: str = "variation",
                  prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True,
-                 action_decoding: str = "free"):
+                 action_decoding: str = "free", parallel_envs: bool = True, in_place_cache: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer)
@@ -148,6 +149,10 @@ class Roller:
             raise ValueError(f"action_decoding: {action_decoding!r} is not allowed; choose free or constrained")
         self.actions = ActionEncoder(tokenizer) if action_decoding == "constrained" else None
         """Builds each state's constraint when actions are decoded constrained; None for free text."""
+        self.parallel_envs = parallel_envs
+        """Step the group's environments at the same time where they allow it (False: one after the other)."""
+        self.in_place_cache = in_place_cache
+        """KV cache written in place, finished episodes not computed (False: the plain way; see empo2.generation)."""
         self.history_turns = history_turns
         self.think_first = think_first
         self.timer = RolloutTimer()
@@ -174,7 +179,7 @@ class Roller:
         # A single-turn prompt is rewritten every step, so there is no cache to keep.
         reuse_cache = self.reuse_cache and self.prompt_style == "chat"
         generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=reuse_cache,
-                                   temperature=temperature, generator=self.generator)
+                                   temperature=temperature, generator=self.generator, in_place=self.in_place_cache)
         self.last_generator = generator
         needs_memory = any(mode != PLAIN for mode in modes)
         if needs_memory and (self.memory is None or self.embedder is None):
@@ -186,8 +191,9 @@ class Roller:
 
         episodes, observations, infos = [], [], []  # infos: the latest info dict of each episode
         start = time.perf_counter()
-        for env, variation, mode in zip(envs, variations, modes):
-            observation, info = env.reset(variation)
+        for (observation, info), env, variation, mode in zip(
+                self._each_env(envs, [(env.reset, variation) for env, variation in zip(envs, variations)]),
+                envs, variations, modes):
             episodes.append(Episode(self.env_name, env.task_name, variation, mode))
             observations.append(observation)
             infos.append(info)
@@ -226,12 +232,14 @@ class Roller:
             self.timer.generation += time.perf_counter() - start
 
             start = time.perf_counter()
-            results = {}
+            actions = []
             for i in active:
                 text = self.tokenizer.decode(responses[i].ids, skip_special_tokens=True)
                 if self.actions is not None:
                     text = action_text(text)
-                results[i] = envs[i].step(text if self.prompt_style == "chat" else extract_action(text))
+                actions.append((envs[i].step, text if self.prompt_style == "chat" else extract_action(text)))
+            results = dict(zip(active, self._each_env([envs[i] for i in active], actions)))
+            for i in active:
                 infos[i] = results[i].info
             self.timer.environment += time.perf_counter() - start
 
@@ -297,6 +305,9 @@ class Roller:
         self.model.train(model_was_training)
         return episodes
 
+    def _each_env(self, envs, calls: list[tuple]) -> list:
+        return call_each(envs, calls, parallel=self.parallel_envs)
+
     def _timed_embed(self, texts, needed: bool, memory_part: bool):
         if not needed:
             return None
@@ -345,6 +356,20 @@ class Roller:
             added = self.memory.add_many(np.stack(keys), contents, scores, scopes)
         self.timer.memory += time.perf_counter() - start
         return added
+
+
+def call_each(envs, calls: list[tuple], *, parallel: bool = True) -> list:
+    """Run `fn(arg)` for each (fn, arg), one call per env of `envs`; results in the order of `calls`.
+
+    Environments whose instances are separate processes (`parallel_steps`) run their
+    calls at the same time from threads, so a group's JVM steps overlap instead of
+    queueing; the results are those of calling them one after the other.
+    """
+    if not (parallel and len(calls) > 1 and all(getattr(env, "parallel_steps", False) for env in envs)):
+        return [fn(arg) for fn, arg in calls]
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(fn, arg) for fn, arg in calls]
+        return [future.result() for future in futures]
 
 
 def _block(tips: list[str]) -> str | None:

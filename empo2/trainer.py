@@ -43,8 +43,8 @@ from tqdm.auto import tqdm
 from empo2.advantages import grpo_advantages
 from empo2.config import EMPO2Config
 from empo2.envs import make_env
-from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs
-from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, PLAIN, policy_loss
+from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs, tokens_processed
+from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, policy_loss
 from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy
 from empo2.novelty import NoveltyStore
@@ -139,6 +139,10 @@ class Trainer:
             prompt_style=cfg.prompt_style, history_turns=cfg.history_turns, think_first=cfg.think_first,
             action_decoding=cfg.action_decoding,
         )
+        self.reuse_old_logprobs = True
+        """Take θ_old's log-probs from the first gradient pass where θ_old = θ and the contexts agree (before the
+        iteration's first optimiser step; not off-policy) instead of a separate no-grad pass. Equal to float
+        rounding; False is the plain way, kept for the benchmark."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume and self.latest_checkpoint() is not None:
             self.load_checkpoint(self.latest_checkpoint())
@@ -261,19 +265,29 @@ class Trainer:
         # Zero-advantage episodes have exactly zero policy gradient; without a KL term
         # they only count towards the token normaliser, so their forward passes are skipped.
         needs_pass = [bool(a != 0) or cfg.kl_beta > 0 for a in advantages.tolist()]
+        batch = cfg.minibatch_episodes or len(episodes)
+        orders = [self.rng.permutation(len(episodes)) for _ in range(cfg.ppo_epochs)]
+        # θ_old's log-probs in the training context are the first gradient pass's own values, until the
+        # first optimiser step: those episodes get no separate no-grad pass (off-policy ones are scored
+        # with tips for θ_old and without for θ, so they always need one).
+        before_first_step = {int(i) for i in orders[0][:batch]} if self.reuse_old_logprobs else set()
+        read = lambda e, with_tips: tokens_processed(e, with_tips=with_tips, packed=cfg.packed_logprobs)  # noqa: E731
+        trajectory_tokens = sum(read(e, e.mode == MEMORY_ON_POLICY) for e, n in zip(episodes, needs_pass) if n)
+        tokens_read = cfg.ppo_epochs * trajectory_tokens  # the gradient passes
         old, ref = {}, {}
         with torch.no_grad(), self.precision():
             for i, episode in enumerate(episodes):
                 if needs_pass[i]:
-                    old[i] = score(episode, episode.uses_memory).float()  # (T_i,) behaviour context
+                    if not (i in before_first_step and episode.mode != OFF_POLICY):
+                        old[i] = score(episode, episode.uses_memory).float()  # (T_i,) behaviour context
+                        tokens_read += read(episode, episode.uses_memory)
                     if cfg.kl_beta > 0:
                         with self._reference_policy():
                             ref[i] = score(episode, episode.mode == MEMORY_ON_POLICY).float()  # (T_i,)
+                        tokens_read += read(episode, episode.mode == MEMORY_ON_POLICY)
         self.model.train()
-        batch = cfg.minibatch_episodes or len(episodes)
         history = []
-        for _ in range(cfg.ppo_epochs):
-            order = self.rng.permutation(len(episodes))
+        for order in orders:
             for start in range(0, len(order), batch):
                 minibatch = [int(i) for i in order[start : start + batch]]
                 normalizer = float(max(1, sum(decision_tokens(episodes[i]) for i in minibatch)))
@@ -284,8 +298,9 @@ class Trainer:
                         continue
                     episode = episodes[i]
                     tokens = _token_tensors(episode, advantages[i])
-                    new = backward_per_pass(self.model, episode, old[i], ref.get(i), tokens, cfg=cfg,
+                    new = backward_per_pass(self.model, episode, old.get(i), ref.get(i), tokens, cfg=cfg,
                                             normalizer=normalizer, precision=self.precision)
+                    old.setdefault(i, new)  # θ_old = θ here: the ratio of this pass is exactly 1
                     stash.append((new, old[i], tokens, ref.get(i)))
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
                 if stash:
@@ -293,7 +308,8 @@ class Trainer:
                     history.append(self._batch_metrics(stash, normalizer, float(grad_norm)))
         if not history:
             return {"update/skipped": 1.0}
-        return {k: float(np.mean([h[k] for h in history if k in h])) for k in {k for h in history for k in h}}
+        return {"update/tokens_read_per_trajectory_token": tokens_read / max(1, trajectory_tokens),
+                **{k: float(np.mean([h[k] for h in history if k in h])) for k in {k for h in history for k in h}}}
 
     def _batch_metrics(self, stash, normalizer: float, grad_norm: float) -> dict:
         cfg = self.cfg
@@ -443,7 +459,7 @@ def env_for(cfg: EMPO2Config):
     return make_env(cfg.env, cfg.task, **kwargs)
 
 
-def backward_per_pass(model, episode: Episode, old: torch.Tensor, ref: torch.Tensor | None,
+def backward_per_pass(model, episode: Episode, old: torch.Tensor | None, ref: torch.Tensor | None,
                       tokens: dict[str, torch.Tensor], *, cfg: EMPO2Config, normalizer: float,
                       precision=contextlib.nullcontext) -> torch.Tensor:
     """Accumulate the gradient of `episode`'s loss, one forward pass at a time; its new log-probs: (T,).
@@ -452,6 +468,8 @@ def backward_per_pass(model, episode: Episode, old: torch.Tensor, ref: torch.Ten
     so each forward pass is backpropagated on its own and only one pass's activations
     are alive at a time, however many turns a non-append-only episode has.
     Off-policy episodes are scored WITHOUT their tips: the distillation step.
+    `old` None: θ_old is θ (before the iteration's first optimiser step), so each pass's
+    own detached log-probs are θ_old's.
     """
     passes = forward_passes(episode, with_tips=episode.mode == MEMORY_ON_POLICY, packed=cfg.packed_logprobs)
     allowed = pass_allowed(episode, [spans for _, spans in passes])
@@ -462,7 +480,7 @@ def backward_per_pass(model, episode: Episode, old: torch.Tensor, ref: torch.Ten
         piece = slice(first, first + len(new))  # this pass's action tokens
         first += len(new)
         loss, _ = policy_loss(
-            new, old[piece], tokens["advantages"][piece], tokens["mask"][piece], tokens["modes"][piece],
+            new, new.detach() if old is None else old[piece], tokens["advantages"][piece], tokens["mask"][piece], tokens["modes"][piece],
             tokens["sequence_ids"][piece], clip_low=cfg.clip_low, clip_high=cfg.clip_high,
             dual_clip=cfg.dual_clip, delta=cfg.delta, delta_mode=cfg.delta_mode,
             ref_logprobs=None if ref is None else ref[piece], kl_beta=cfg.kl_beta, normalizer=normalizer,

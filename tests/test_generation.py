@@ -16,9 +16,9 @@ OBSERVATIONS = [
 ]
 
 
-def _play(model, tokenizer, reuse_cache, row_split_ratio=2.0):
+def _play(model, tokenizer, reuse_cache, row_split_ratio=2.0, in_place=True):
     chat = ChatFormat(tokenizer)
-    generator = GroupGenerator(model, tokenizer, 3, reuse_cache=reuse_cache, temperature=0)
+    generator = GroupGenerator(model, tokenizer, 3, reuse_cache=reuse_cache, temperature=0, in_place=in_place)
     generator.row_split_ratio = row_split_ratio
     messages = [[Message("system", "You are an agent."), Message("user", "Observation: " + obs[0])]
                 for obs in OBSERVATIONS]
@@ -65,6 +65,20 @@ def test_row_by_row_prefill_matches_the_padded_batch(policy_fp32):
     for (s, t, ids, lps), (_, _, ids2, lps2) in zip(batched, by_row):
         assert ids == ids2, f"slot {s} turn {t}: greedy tokens differ"
         torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
+
+
+def test_in_place_cache_matches_the_plain_cache(policy_fp32):
+    """Buffers written in place, with only the asked-for slots computed, give the plain cache's tokens and log-probs."""
+    model, tokenizer = policy_fp32
+    for ratio in (1e9, 0.0):  # padded batches, and row by row
+        in_place, in_place_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio)
+        plain, plain_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, in_place=False)
+        assert in_place_gen.computed_tokens < plain_gen.computed_tokens  # slot 2's idle turn is not computed
+        layer = in_place_gen.cache.layers[0]
+        assert layer.key_buffer.shape[2] >= layer.length == in_place_gen.mask.shape[1]
+        for (s, t, ids, lps), (_, _, ids2, lps2) in zip(in_place, plain):
+            assert ids == ids2, f"slot {s} turn {t}: greedy tokens differ"
+            torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
 
 
 def test_row_by_row_chunk_longer_than_the_cache(policy_fp32):

@@ -29,6 +29,23 @@ def test_embedder_shape_and_unit_norm(embedder):
         embedder.encode("a single string")
 
 
+def test_embedder_computes_each_distinct_text_once_and_matches_the_plain_way(embedder):
+    from empo2.models import Embedder
+
+    texts = ["A room with a battery.", "The door is open.", "A room with a battery.", "A bird in a tree, far away."]
+    cached = Embedder(cache_size=2)
+    before = cached.computed
+    first = cached.encode(texts)
+    assert cached.computed - before == 3  # the repeated text once
+    again = cached.encode(texts[2:])  # both still cached (a cache of 2 keeps the two most recent texts)
+    assert cached.computed - before == 3
+    np.testing.assert_array_equal(again, first[2:])
+    plain = Embedder(cache_size=0).encode(texts)  # padded batches, every text every call
+    np.testing.assert_allclose(first, plain, atol=1e-5)
+    cached.encode(["The door is open."])  # evicted by the two more recent texts: computed again
+    assert cached.computed - before == 4
+
+
 def test_missing_model_gives_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))

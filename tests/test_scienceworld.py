@@ -21,6 +21,7 @@ from empo2.envs.scienceworld import (
     list_tasks,
     running_jvm_pids,
 )
+from empo2.rollout import call_each
 
 EXPECTED_INFO_KEYS = {"task_description", "valid_actions", "state_text", "inventory", "score", "variation"}
 
@@ -152,6 +153,26 @@ def test_gold_path_solves_power_component(power):
     assert 63 in [r.score for r in results]
     with pytest.raises(RuntimeError, match="reset"):
         power.step("look around")
+
+
+def test_a_group_stepped_from_threads_plays_as_one_after_the_other(power):
+    """The rollout steps a group's JVMs at the same time; each environment's outcomes are unchanged."""
+    other = ScienceWorldTask("power-component", n_test_variations=1)
+    try:
+        envs = [power, other]
+        paths = [power.gold_actions(0)[:3], other.gold_actions(1)[:3]]  # navigation: no episode ends
+        played = {}
+        for parallel in (False, True):
+            first = call_each(envs, [(env.reset, variation) for env, variation in zip(envs, (0, 1))], parallel=parallel)
+            steps = [call_each(envs, [(env.step, path[t]) for env, path in zip(envs, paths)], parallel=parallel)
+                     for t in range(3)]
+            # ScienceWorld lists a room's objects in an order that changes between resets: compare line sets.
+            played[parallel] = [sorted(observation.splitlines()) for observation, _ in first] + [
+                (sorted(r.observation.splitlines()), r.score, r.done) for results in steps for r in results]
+        assert played[True] == played[False]
+        assert played[True][0] != played[True][1]  # two different games were played side by side
+    finally:
+        other.close()
 
 
 def test_gold_transcript_is_verbatim_and_solves(power):

@@ -102,3 +102,24 @@ def test_full_finetuning_keeps_float32_master_weights(tmp_path):
             pytest.skip("all returns in the group were equal: no gradient this seed")
         assert not torch.equal(before, embedding.detach())
         assert math.isfinite(metrics["update/loss"])
+
+
+def test_old_logprobs_taken_from_the_first_gradient_pass_train_like_a_separate_pass(tmp_path):
+    """Before the first optimiser step θ_old = θ, so the no-grad pass is skipped: same update, half the tokens read."""
+    runs = {}
+    for reuse in (True, False):
+        cfg = _cfg(tmp_path, run_name=f"reuse-{reuse}", iterations=1, eval_every=100, p=0.0, intrinsic_coef=1.0,
+                   minibatch_episodes=0)
+        with Trainer(cfg, show_progress=False) as trainer:
+            trainer.reuse_old_logprobs = reuse
+            metrics = trainer.train_iteration()
+            weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        runs[reuse] = metrics, weights
+    (reused, reused_weights), (separate, separate_weights) = runs[True], runs[False]
+    assert "update/skipped" not in reused  # the intrinsic reward separates the returns
+    assert reused["update/tokens_read_per_trajectory_token"] == 1.0
+    assert separate["update/tokens_read_per_trajectory_token"] == 2.0
+    assert reused["update/ratio_mean"] == 1.0 and reused["update/clip_frac"] == 0.0
+    assert reused["update/loss"] == pytest.approx(separate["update/loss"], rel=1e-2)
+    for name, value in reused_weights.items():
+        torch.testing.assert_close(value, separate_weights[name], atol=1e-4, rtol=0)

@@ -45,6 +45,8 @@ class TextEnv(Protocol):
     max_steps: int
     train_variations: list[int]
     test_variations: list[int]
+    parallel_steps: bool
+    """Whether several instances may `reset`/`step` at the same time from threads (the rollout then overlaps them)."""
 
     def reset(self, variation: int) -> tuple[str, dict]:
         """Start an episode. Returns the first observation and an info dict with

@@ -399,6 +399,9 @@ class ScienceWorldTask:
     >>> env.close()
     """
 
+    parallel_steps = True
+    """Instances may step at the same time from threads: each is its own JVM, and py4j waits outside the GIL."""
+
     def __init__(
         self,
         task: str,

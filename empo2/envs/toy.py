@@ -19,6 +19,7 @@ class CorridorEnv:
     """Walk east along `2 + variation % 3` rooms and focus on the target object."""
 
     task_name = "corridor"
+    parallel_steps = False  # pure Python: threads would only contend for the GIL
 
     def __init__(self, max_steps: int = 8, n_variations: int = 10):
         self.max_steps = max_steps

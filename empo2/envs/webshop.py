@@ -441,6 +441,7 @@ class WebShopEnv:
     """
 
     task_name = "webshop"
+    parallel_steps = False  # pure Python: threads would only contend for the GIL
 
     def __init__(
         self,
