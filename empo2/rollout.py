@@ -116,6 +116,8 @@ class RolloutTimer:
     environment: float = 0.0
     memory: float = 0.0
     """Embedding states for retrieval, retrieval itself, tip generation, storage."""
+    tip_writing: float = 0.0
+    """The part of `memory` spent generating tips."""
     novelty: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -302,6 +304,7 @@ class Roller:
             start = time.perf_counter()
             self._write_tips(episodes, generator)
             self.timer.memory += time.perf_counter() - start
+            self.timer.tip_writing += time.perf_counter() - start
         self.model.train(model_was_training)
         return episodes
 
