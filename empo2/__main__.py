@@ -22,6 +22,8 @@ from empo2.config import METHODS, PROFILES, EMPO2Config
 
 
 def _parse_value(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -49,20 +51,25 @@ def demo(args) -> None:
     """One real ScienceWorld episode with the default model, printed turn by turn, then its tip."""
     import torch
 
-    from empo2.envs import make_env
+    from empo2.envs import env_from_config
     from empo2.loss import PLAIN
     from empo2.models import load_policy
     from empo2.rollout import Roller
 
+    try:
+        cfg = EMPO2Config.from_profile("laptop", task=args.task or "power-component", max_steps=args.steps,
+                                       seed=args.seed, action_decoding=args.decoding, response_tokens=24,
+                                       tip_tokens=60, **({"model": args.model} if args.model else {}))
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     torch.manual_seed(args.seed)
     started = time.perf_counter()
-    model, tokenizer = load_policy(args.model or "smollm2-135m")
+    model, tokenizer = load_policy(cfg.model)
     print(f"policy loaded in {time.perf_counter() - started:.1f} s")
     started = time.perf_counter()
-    env = make_env("scienceworld", args.task or "power-component", max_steps=args.steps, n_test_variations=1)
+    env = env_from_config(cfg)
     try:
-        roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=24, tip_tokens=60,
-                        generator=torch.Generator().manual_seed(args.seed), action_decoding=args.decoding)
+        roller = Roller.from_config(cfg, model, tokenizer, generator=torch.Generator().manual_seed(args.seed))
         variation = env.train_variations[0]
         [episode] = roller.run([env], [variation], [PLAIN], temperature=1.0, write_tips=True)
     finally:
@@ -120,9 +127,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{field.name:22s} = {getattr(cfg, field.name)!r:32s}  # {helps[field.name]}")
         return
 
+    from empo2.models import resolve_policy_path
     from empo2.trainer import Trainer
 
     cfg = config_from_args(args)
+    try:  # before anything slow starts (model load, JVMs)
+        resolve_policy_path(cfg.model)
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: model: {error}") from None
     # eval: the run's last checkpoint when there is one (else the initial policy), on the test variations.
     resume = args.resume or args.command == "eval"
     with Trainer(cfg, resume=resume, show_progress=not args.quiet) as trainer:

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from empo2.config import EMPO2Config
-from empo2.envs import make_env
+from empo2.envs import env_from_config
 from empo2.loss import MEMORY_ON_POLICY
 from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy
@@ -41,12 +41,9 @@ def adapt(cfg: EMPO2Config, weights: Path | None, target_task: str, *, trials: i
     embedder = Embedder(cfg.embedder)
     memory = TipMemory(dim=embedder.dim, capacity=cfg.memory_capacity,
                        similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
-    kwargs = {"max_steps": cfg.max_steps} if cfg.max_steps else {}
-    envs = [make_env(cfg.env, target_task, n_test_variations=1, **kwargs) for _ in range(episodes_per_trial)]
-    roller = Roller(model, tokenizer, env_name=cfg.env, response_tokens=cfg.response_tokens,
-                    tip_tokens=cfg.tip_tokens, embedder=embedder, memory=memory,
-                    generator=torch.Generator().manual_seed(seed), memory_scope="task",
-                    action_decoding=cfg.action_decoding)
+    envs = [env_from_config(cfg, target_task) for _ in range(episodes_per_trial)]
+    roller = Roller.from_config(cfg, model, tokenizer, embedder=embedder, memory=memory,
+                                generator=torch.Generator().manual_seed(seed), memory_scope="task")
     rows = []
     try:
         variation = envs[0].test_variations[0]

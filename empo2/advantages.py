@@ -6,7 +6,8 @@ reference release. There is no critic and no per-step credit: every action token
 of every turn of an episode gets that episode's advantage.
 
     adv = grpo_advantages(torch.tensor([10.0, 0.0, 0.0, 30.0]))    # (N,)
-    token_adv = broadcast_to_tokens(adv, episode_index_of_token)     # (T,)
+
+(`trainer._token_tensors` gives every action token its episode's advantage.)
 """
 
 from __future__ import annotations
@@ -23,16 +24,3 @@ def grpo_advantages(returns: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     returns = returns.float() if not returns.is_floating_point() else returns   # (N,)
     return (returns - returns.mean()) / (returns.std(unbiased=True) + eps)      # (N,)
 
-
-def broadcast_to_tokens(advantages: torch.Tensor, episode_index_of_token: torch.Tensor) -> torch.Tensor:
-    """(N,) per-episode advantages -> (T,) per-token advantages, token t taking
-    advantages[episode_index_of_token[t]]."""
-    if advantages.ndim != 1:
-        raise ValueError(f"advantages must be 1-D (N,), got shape {tuple(advantages.shape)}")
-    if episode_index_of_token.ndim != 1 or episode_index_of_token.dtype != torch.long:
-        raise ValueError("episode_index_of_token must be a 1-D long tensor (T,)")
-    if episode_index_of_token.numel() and not (
-        0 <= int(episode_index_of_token.min()) and int(episode_index_of_token.max()) < advantages.numel()
-    ):
-        raise ValueError(f"episode_index_of_token must lie in [0, {advantages.numel() - 1}]")
-    return advantages[episode_index_of_token]   # (T,)

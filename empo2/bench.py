@@ -5,31 +5,32 @@
 
 Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
   0. the machine: threads, and memory read bandwidth (a sum over 512 MB);
-  1. one greedy group rollout with the KV cache written in place (finished episodes not
-     computed) vs the plain cache (copied at every call, every row computed); with
-     --with-naive also re-encoding the history at every step; same actions both ways?
+  1. one group rollout (temperature 1, fixed seed) with the KV cache written in place
+     (finished episodes not computed) vs the plain cache (copied at every call, every
+     row computed); with --with-naive also re-encoding the history at every step; do
+     both ways play the same episodes?
   2. one decode step over the rollout's cache, against the memory-bandwidth bound
      (weights + the live rows' KV cache read once, at the measured bandwidth);
   3. the group's environment steps (the rollout's actions replayed) one after the
      other vs at the same time from threads (one JVM per environment);
-  4. the update: tokens read per trajectory token, with θ_old's log-probs taken from the
-     first gradient pass vs a separate no-grad pass (and with --with-naive the packed
-     pass vs one pass per turn);
-  5. whole iterations through the trainer (p = 0.5, so memory is exercised): EMPO² the
-     plain way vs EMPO² with every design above, GRPO with them, and where the time goes.
+  4. with --with-naive, the update's packed pass vs one pass per turn;
+  5. whole iterations through the trainer (p = 0.5, so memory is exercised), EMPO² and GRPO:
+     where the time goes, how many tokens the episodes carry (and how many are tips), and
+     the iteration's update run twice on its own episodes (θ_old reused vs a separate pass).
 The goals each figure is held against are printed beside it. --quick: group 4, 10 steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import tempfile
 import time
 
 import torch
 
 from empo2.config import EMPO2Config
-from empo2.envs import make_env
+from empo2.envs import env_from_config
 from empo2.logprobs import episode_logprobs, tokens_processed
 from empo2.loss import PLAIN
 from empo2.models import load_policy
@@ -47,12 +48,30 @@ def read_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:
     return values.numel() * 4 / best / 1e9
 
 
+def laptop_config(args, **overrides) -> EMPO2Config:
+    return EMPO2Config.from_profile("laptop", task=args.task, group_size=args.group, max_steps=args.steps,
+                                    response_tokens=args.tokens, action_decoding=args.decoding, **overrides)
+
+
 def rollout(model, tokenizer, envs, variation, args, **ways):
-    roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=args.tokens, tip_tokens=8,
-                    action_decoding=args.decoding, **ways)
+    """One group rollout at temperature 1 from a fixed seed: both ways draw the same samples from the same logits."""
+    roller = Roller.from_config(laptop_config(args, **ways.pop("overrides", {})), model, tokenizer,
+                                generator=torch.Generator().manual_seed(0))
+    for name, value in ways.items():  # in_place_cache, parallel_envs: the plain ways
+        setattr(roller, name, value)
     start = time.perf_counter()
-    episodes = roller.run(envs, [variation] * len(envs), [PLAIN] * len(envs), temperature=0.0)
+    episodes = roller.run(envs, [variation] * len(envs), [PLAIN] * len(envs), temperature=1.0)
     return episodes, roller, time.perf_counter() - start
+
+
+def logprob_gap(a, b) -> float:
+    """Largest |log-prob difference| of two plays of one episode, over the turns until their actions differ."""
+    gap = 0.0
+    for turn_a, turn_b in zip(a.turns, b.turns):
+        if turn_a.response_ids != turn_b.response_ids:
+            break
+        gap = max([gap] + [abs(x - y) for x, y in zip(turn_a.behaviour_logprobs, turn_b.behaviour_logprobs)])
+    return gap
 
 
 def decode_step_ms(generator, steps: int = 8) -> float:
@@ -79,23 +98,52 @@ def replay_seconds(envs, variation, episodes, parallel: bool) -> float:
     return time.perf_counter() - start
 
 
-def iteration(args, method: str, plain: bool) -> dict:
-    """The second iteration (the first fills the memory) of a trainer, the plain way or not."""
+def iteration(args, method: str) -> tuple[dict, dict]:
+    """The second iteration of a trainer (the first fills the memory), one training variation: its metrics, and its
+    update timed both ways.
+
+    The update is run on the iteration's own episodes from the same weights, optimiser state and random
+    state twice: θ_old from the first gradient pass, then a separate no-grad pass (the plain way).
+    """
     from empo2.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as folder:
-        cfg = EMPO2Config.from_profile(
-            "laptop", method=method, task=args.task, results_dir=folder, group_size=args.group,
-            max_steps=args.steps, response_tokens=args.tokens, iterations=2, eval_every=100, checkpoint_every=0,
-            action_decoding=args.decoding, **({"p": 0.5} if method == "empo2" else {}),
-        )
+        # One training variation: the memory is per variation, so the second iteration retrieves the first's tips.
+        cfg = laptop_config(args, method=method, results_dir=folder, iterations=2, eval_every=100, checkpoint_every=0,
+                            n_train_variations=1, **({"p": 0.5} if method == "empo2" else {}))
         with Trainer(cfg, show_progress=False) as trainer:
-            if plain:
-                trainer.reuse_old_logprobs = False
-                trainer.roller.parallel_envs = False
-                trainer.roller.in_place_cache = False
             trainer.train_iteration()
-            return trainer.train_iteration()
+            update, extra = trainer.update, {}
+
+            def timed_both_ways(episodes, advantages):
+                saved = ({n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad},
+                         copy.deepcopy(trainer.optimizer.state_dict()), copy.deepcopy(trainer.rng.bit_generator.state))
+                start = time.perf_counter()
+                trainer.reuse_old_logprobs = False
+                update(episodes, advantages)
+                extra["plain update seconds"] = time.perf_counter() - start
+                named = dict(trainer.model.named_parameters())
+                with torch.no_grad():
+                    for name, value in saved[0].items():
+                        named[name].copy_(value)
+                trainer.optimizer.load_state_dict(saved[1])
+                trainer.rng.bit_generator.state = saved[2]
+                trainer.reuse_old_logprobs = True
+                extra["context tokens"] = sum(len(e.turns[-1].prompt_ids) + len(e.turns[-1].response_ids)
+                                              for e in episodes)
+                extra["tip-free tokens"] = sum(len(e.turns[-1].prompt_ids_tip_free) + len(e.turns[-1].response_ids)
+                                               for e in episodes)
+                start = time.perf_counter()
+                metrics = update(episodes, advantages)  # the run continues from this one
+                extra["update seconds"] = time.perf_counter() - start
+                return metrics
+
+            trainer.update = timed_both_ways
+            metrics = trainer.train_iteration()
+            # The iteration as training runs it: without the extra plain-way update made for the comparison.
+            metrics["time/update"] = extra["update seconds"]
+            metrics["time/iteration"] -= extra["plain update seconds"]
+            return metrics, extra
 
 
 def main() -> None:
@@ -114,15 +162,15 @@ def main() -> None:
     threads = torch.get_num_threads()
     bandwidth = read_bandwidth_gb_s()
     print(f"0. machine: {threads} threads, memory read bandwidth {bandwidth:.1f} GB/s (sum of 512 MB)")
-    print(f"   task {args.task}, group {args.group} x {args.steps} steps, {args.decoding} decoding, greedy")
+    print(f"   task {args.task}, group {args.group} x {args.steps} steps, {args.decoding} decoding")
 
     model, tokenizer = load_policy(lora_rank=8)
-    envs = [make_env("scienceworld", args.task, max_steps=args.steps, n_test_variations=1) for _ in range(args.group)]
+    envs = [env_from_config(laptop_config(args)) for _ in range(args.group)]
     try:
         variation = envs[0].train_variations[0]
         ways = {"in place": dict(in_place_cache=True), "plain": dict(in_place_cache=False)}
         if args.with_naive:
-            ways["re-encode"] = dict(reuse_cache=False)
+            ways["re-encode"] = dict(overrides={"reuse_cache": False})
         runs = {name: rollout(model, tokenizer, envs, variation, args, parallel_envs=False, **way)
                 for name, way in ways.items()}
         episodes, roller, _ = runs["in place"]
@@ -135,12 +183,12 @@ def main() -> None:
         base = roller.timer.generation
         for name, (other, r, _) in runs.items():
             if name != "in place":
-                same = sum(a.turns[-1].executed_action == b.turns[-1].executed_action and len(a.turns) == len(b.turns)
+                same = sum([t.executed_action for t in a.turns] == [t.executed_action for t in b.turns]
                            for a, b in zip(episodes, other))
-                gap = max(abs(x - y) for a, b in zip(episodes, other) for ta, tb in zip(a.turns, b.turns)
-                          for x, y in zip(ta.behaviour_logprobs, tb.behaviour_logprobs))
+                gap = max(logprob_gap(a, b) for a, b in zip(episodes, other))
                 print(f"   in place vs {name}: {r.timer.generation / base:5.2f}x faster; same episodes "
-                      f"{same}/{len(episodes)}; max |log-prob difference| {gap:.3f} (bf16)")
+                      f"{same}/{len(episodes)}; max |log-prob difference| {gap:.3f} (bf16; compared up to the "
+                      f"first different action)")
 
         print("\n2. one decode step (every row, one new token) over the rollout's cache")
         trunk_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -180,24 +228,29 @@ def main() -> None:
     del model
 
     print("\n5. whole iterations through the trainer (laptop profile, p = 0.5 for EMPO2; the second iteration)")
-    results = {"EMPO2 plain way": iteration(args, "empo2", plain=True),
-               "EMPO2": iteration(args, "empo2", plain=False),
-               "GRPO": iteration(args, "grpo", plain=False)}
-    print(f"   {'':16s} {'iteration':>9s} {'rollout':>8s} {'generate':>8s} {'env':>6s} {'memory':>7s} "
-          f"{'update':>7s} {'steps':>6s} {'read/traj':>9s}")
-    for name, m in results.items():
-        print(f"   {name:16s} {m['time/iteration']:9.1f} {m['time/rollout']:8.1f} {m['time/generation']:8.1f} "
+    results = {"EMPO2": iteration(args, "empo2"), "GRPO": iteration(args, "grpo")}
+    print(f"   {'':6s} {'iteration':>9s} {'rollout':>8s} {'generate':>8s} {'env':>6s} {'memory':>7s} {'update':>7s} "
+          f"{'plain update':>12s} {'steps':>6s} {'tokens in context':>17s} {'of them tips':>12s}")
+    for name, (m, extra) in results.items():
+        tips = 1 - extra["tip-free tokens"] / extra["context tokens"]
+        print(f"   {name:6s} {m['time/iteration']:9.1f} {m['time/rollout']:8.1f} {m['time/generation']:8.1f} "
               f"{m['time/environment']:6.1f} {m['time/memory']:7.1f} {m['time/update']:7.1f} "
-              f"{m['train/steps']:6.1f} {m.get('update/tokens_read_per_trajectory_token', float('nan')):9.2f}")
-    new, old, grpo = results["EMPO2"], results["EMPO2 plain way"], results["GRPO"]
-    print(f"   EMPO2 iteration: {new['time/iteration']:.1f} s (goal: under 60 s at group 8 x 30 steps); "
-          f"{old['time/iteration'] / new['time/iteration']:.2f}x faster than the plain way")
+              f"{extra['plain update seconds']:12.1f} {m['train/steps']:6.1f} {extra['context tokens']:17d} {tips:12.0%}")
+    (new, extra), (grpo, grpo_extra) = results["EMPO2"], results["GRPO"]
+    print(f"   EMPO2 iteration: {new['time/iteration']:.1f} s (goal: under 60 s at group 8 x 30 steps)")
+    print(f"   update with θ_old from the first gradient pass vs a separate pass, same episodes: "
+          f"{extra['plain update seconds'] / new['time/update']:.2f}x faster (EMPO2), "
+          f"{grpo_extra['plain update seconds'] / grpo['time/update']:.2f}x (GRPO)")
+    print(f"   update tokens read per trajectory token: EMPO2 {new.get('update/tokens_read_per_trajectory_token', 0):.2f}"
+          f", GRPO {grpo.get('update/tokens_read_per_trajectory_token', 0):.2f} (2.00 the plain way; goal: within 1.2x)")
     print(f"   memory operations: {new['time/memory'] / new['time/rollout']:.1%} of rollout time (goal: under 5%); "
           f"tip writing {new['time/tip_writing'] / new['time/rollout']:.1%}, embedding + retrieval + storage "
           f"{(new['time/memory'] - new['time/tip_writing']) / new['time/rollout']:.1%}")
-    print(f"   EMPO2 / GRPO iteration time: {new['time/iteration'] / grpo['time/iteration']:.2f}x (goal: at most 1.3x)")
-    print(f"   update tokens read per trajectory token: {new.get('update/tokens_read_per_trajectory_token', 0):.2f} "
-          f"vs {old.get('update/tokens_read_per_trajectory_token', 0):.2f} the plain way (goal: within 1.2x)")
+    per_token = (new["time/iteration"] / extra["context tokens"]) / (grpo["time/iteration"] / grpo_extra["context tokens"])
+    print(f"   EMPO2 / GRPO iteration time: {new['time/iteration'] / grpo['time/iteration']:.2f}x (goal: at most 1.3x); "
+          f"per token in context {per_token:.2f}x")
+    print("   (two trainers never play the same episodes: ScienceWorld lists a room's objects in an order that changes"
+          "\n    between resets, so the comparisons of ways above are made on the same episodes, not across trainers)")
 
 
 if __name__ == "__main__":

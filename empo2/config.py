@@ -5,7 +5,7 @@
 Profiles:
     ci      minutes on a 2-core CPU: tiny budgets, the real ScienceWorld and default model
     laptop  about 10 minutes per training run on a 2-core CPU (constrained action decoding)
-    paper   the paper's settings (METHOD.md §2) with Qwen2.5-7B-Instruct, for GPUs
+    paper   the paper's settings (its appendix D) with Qwen2.5-7B-Instruct, for GPUs
 
 Methods are configurations of the same trainer:
     empo2        memory rollouts with probability p, off-policy updates with probability q
@@ -24,6 +24,10 @@ from dataclasses import dataclass, field, fields
 
 METHODS = ("empo2", "grpo", "naive", "memory_only")
 PROFILES = ("ci", "laptop", "paper")
+
+
+_FIELD_TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
+_A_TYPE = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
 
 
 @dataclass
@@ -163,6 +167,10 @@ class EMPO2Config:
 
     def validate(self) -> None:
         """Raise ValueError naming the first field that is out of range."""
+        for spec in fields(self):
+            value, kinds = getattr(self, spec.name), _FIELD_TYPES.get(spec.type)
+            if kinds and (not isinstance(value, kinds) or (spec.type != "bool" and isinstance(value, bool))):
+                raise ValueError(f"{spec.name}: {value!r} is not allowed; need {_A_TYPE[spec.type]}")
         choices = {
             "method": METHODS, "profile": PROFILES, "env": ("scienceworld", "webshop", "corridor"),
             "mode_granularity": ("rollout", "iteration"), "memory_scope": ("variation", "task"),
@@ -174,6 +182,11 @@ class EMPO2Config:
             value = getattr(self, name)
             if allowed is not None and value not in allowed:
                 raise ValueError(f"{name}: {value!r} is not allowed; choose one of {', '.join(allowed)}")
+        if self.env == "scienceworld":
+            from empo2.envs.scienceworld import TASK_NAMES
+
+            if self.task not in TASK_NAMES:
+                raise ValueError(f"task: {self.task!r} is not a ScienceWorld task; choose one of {', '.join(TASK_NAMES)}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device: {self.device!r} is not allowed; use cpu or cuda[:N]")
         ranges = {
@@ -304,7 +317,7 @@ PROFILE_VALUES: dict[str, dict] = {
         max_steps=15, response_tokens=12, tip_tokens=32, iterations=6, eval_every=6, checkpoint_every=2,
         minibatch_episodes=4, lora_rank=8, lora_alpha=16, lr=1e-4, action_decoding="constrained",
     ),
-    # METHOD.md §2 with Qwen2.5-7B-Instruct: full fine-tuning at lr 1e-6 on GPUs.
+    # The paper's settings (appendix D) with Qwen2.5-7B-Instruct: full fine-tuning at lr 1e-6 on GPUs.
     "paper": dict(
         model="Qwen/Qwen2.5-7B-Instruct", device="cuda", lora_rank=0, lr=1e-6,
         group_size=8, groups_per_iteration=16, n_train_variations=5, n_test_variations=20,

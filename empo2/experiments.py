@@ -9,7 +9,10 @@ retrains from scratch. Figures are drawn from the files only.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import platform
 import shutil
 from pathlib import Path
 
@@ -17,6 +20,11 @@ import numpy as np
 import pandas as pd
 
 from empo2.config import EMPO2Config
+
+try:
+    import fcntl
+except ImportError:  # Windows: runs are not locked
+    fcntl = None
 
 DONE_FILE = "summary.json"
 """Written last, when a run finished; its presence marks a run as reusable."""
@@ -56,23 +64,58 @@ def is_finished(cfg: EMPO2Config) -> bool:
 
 
 def run(cfg: EMPO2Config, *, force: bool = False, show_progress: bool = True) -> Path:
-    """Train/evaluate `cfg` unless an identical finished run exists; return its folder."""
-    folder = run_dir(cfg)
-    if not force and is_finished(cfg):
-        print(f"reusing {folder} (finished run with the same config; force=True retrains)")
-        return folder
-    if force:
-        shutil.rmtree(folder, ignore_errors=True)
-    elif folder.exists() and (folder / "config.json").exists():
-        saved = json.loads((folder / "config.json").read_text())["config"]
-        if not _same_config(saved, cfg):  # an unfinished run of another config: start over
-            shutil.rmtree(folder, ignore_errors=True)
-    from empo2.trainer import Trainer
+    """Train/evaluate `cfg` unless an identical finished run exists; return its folder.
 
-    with Trainer(cfg, resume=True, show_progress=show_progress) as trainer:
-        last = trainer.train()
-    (folder / DONE_FILE).write_text(json.dumps(last, indent=2))
+    One process at a time trains a run: another asking for it (a second notebook
+    tab, the runner beside an open notebook) says which process holds it, waits,
+    and then reuses what that process finished.
+    """
+    folder = run_dir(cfg)
+    with run_lock(folder):
+        if not force and is_finished(cfg):
+            record = json.loads((folder / "config.json").read_text())
+            made_by = f"commit {record.get('git_commit', '?')[:10]}" + (
+                ", uncommitted changes" if record.get("git_dirty") else "")
+            print(f"reusing {folder} (finished run with the same config, made by {made_by}; force=True retrains)")
+            return folder
+        if force:
+            shutil.rmtree(folder, ignore_errors=True)
+        elif folder.exists() and (folder / "config.json").exists():
+            saved = json.loads((folder / "config.json").read_text())["config"]
+            if not _same_config(saved, cfg):  # an unfinished run of another config: start over
+                shutil.rmtree(folder, ignore_errors=True)
+        from empo2.trainer import Trainer
+
+        with Trainer(cfg, resume=True, show_progress=show_progress) as trainer:
+            last = trainer.train()
+        (folder / DONE_FILE).write_text(json.dumps(last, indent=2))
     return folder
+
+
+@contextlib.contextmanager
+def run_lock(folder: Path):
+    """Hold `folder`'s run for this process (a lock file beside it, released when the process ends)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    with open(folder.parent / f".{folder.name}.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            print(f"{folder} is being trained by {handle.read().strip() or 'another process'}; waiting for it ...",
+                  flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"process {os.getpid()} on {platform.node()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def read_jsonl(path: Path) -> pd.DataFrame:

@@ -193,10 +193,6 @@ class TipMemory:
         """Names of the scopes holding at least one entry, in order of first use."""
         return [name for name, bucket in self._scopes.items() if bucket.entries]
 
-    def clear(self) -> None:
-        """Remove every entry of every scope. The counter keeps increasing, so it is never reused."""
-        self._scopes = {}
-
     def save(self, directory: str | os.PathLike) -> None:
         """Write entries.jsonl, keys.npy and meta.json into `directory`.
 

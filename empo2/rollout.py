@@ -160,6 +160,15 @@ class Roller:
         self.timer = RolloutTimer()
         self.last_generator: GroupGenerator | None = None
 
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer, *, embedder=None, memory=None, novelty=None,
+                    generator: torch.Generator | None = None, memory_scope: str | None = None) -> "Roller":
+        """The roller an `EMPO2Config` describes: the one way the trainer, adaptation, notebooks and CLI build one."""
+        return cls(model, tokenizer, env_name=cfg.env, response_tokens=cfg.response_tokens, tip_tokens=cfg.tip_tokens,
+                   embedder=embedder, memory=memory, novelty=novelty, reuse_cache=cfg.reuse_cache, generator=generator,
+                   memory_scope=memory_scope or cfg.memory_scope, prompt_style=cfg.prompt_style,
+                   history_turns=cfg.history_turns, think_first=cfg.think_first, action_decoding=cfg.action_decoding)
+
     def scope(self, task: str, variation: int) -> str:
         return f"{task}:{variation}" if self.memory_scope == "variation" else task
 

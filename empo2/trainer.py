@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from empo2.advantages import grpo_advantages
 from empo2.config import EMPO2Config
-from empo2.envs import make_env
+from empo2.envs import env_from_config
 from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs, tokens_processed
 from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, policy_loss
 from empo2.memory import TipMemory
@@ -127,18 +127,13 @@ class Trainer:
                                 similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
         self.novelty = NoveltyStore(dim=dim, similarity_threshold=cfg.novelty_threshold,
                                     coefficient=cfg.intrinsic_coef)
-        self.envs = [env_for(cfg) for _ in range(cfg.group_size)]
+        self.envs = [env_from_config(cfg) for _ in range(cfg.group_size)]
         env = self.envs[0]
         # ScienceWorldTask already cuts its splits to n_train / n_test; the other environments are cut here.
         self.train_variations = list(env.train_variations)[: cfg.n_train_variations]
         self.test_variations = list(env.test_variations)[: cfg.eval_variations or cfg.n_test_variations]
-        self.roller = Roller(
-            self.model, self.tokenizer, env_name=cfg.env, response_tokens=cfg.response_tokens,
-            tip_tokens=cfg.tip_tokens, embedder=self.embedder, memory=self.memory, novelty=self.novelty,
-            reuse_cache=cfg.reuse_cache, generator=self.sampler, memory_scope=cfg.memory_scope,
-            prompt_style=cfg.prompt_style, history_turns=cfg.history_turns, think_first=cfg.think_first,
-            action_decoding=cfg.action_decoding,
-        )
+        self.roller = Roller.from_config(cfg, self.model, self.tokenizer, embedder=self.embedder, memory=self.memory,
+                                         novelty=self.novelty, generator=self.sampler)
         self.reuse_old_logprobs = True
         """Take θ_old's log-probs from the first gradient pass where θ_old = θ and the contexts agree (before the
         iteration's first optimiser step; not off-policy) instead of a separate no-grad pass. Equal to float
@@ -438,25 +433,6 @@ class Trainer:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def env_for(cfg: EMPO2Config):
-    """One environment instance as `cfg` describes it."""
-    kwargs = {}
-    if cfg.max_steps:
-        kwargs["max_steps"] = cfg.max_steps
-    if cfg.env == "scienceworld":
-        kwargs.update(n_train_variations=cfg.n_train_variations, n_test_variations=cfg.n_test_variations,
-                      jvm_heap=cfg.jvm_heap)
-    if cfg.env == "webshop":
-        # Small policies rarely write exact click[...] syntax; snap unparsable text to the
-        # most similar admissible click, as free text is snapped in ScienceWorld.
-        kwargs.update(snap_actions=True, goal_source=cfg.webshop_goals)
-        for field, name in (("webshop_products", "products_path"), ("webshop_instructions", "instructions_path"),
-                            ("webshop_human_goals", "human_goals_path")):
-            if getattr(cfg, field):
-                kwargs[name] = os.path.expanduser(getattr(cfg, field))
-    return make_env(cfg.env, cfg.task, **kwargs)
 
 
 def backward_per_pass(model, episode: Episode, old: torch.Tensor | None, ref: torch.Tensor | None,

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from empo2.advantages import broadcast_to_tokens, grpo_advantages
+from empo2.advantages import grpo_advantages
 
 
 def test_grpo_advantages_hand_computed():
@@ -28,12 +28,3 @@ def test_bad_returns_rejected():
     with pytest.raises(ValueError, match="eps"):
         grpo_advantages(torch.zeros(2), eps=0.0)
 
-
-def test_broadcast_to_tokens():
-    adv = torch.tensor([0.5, -1.0, 2.0])
-    index = torch.tensor([0, 0, 2, 2, 2, 1])
-    assert_close(broadcast_to_tokens(adv, index), torch.tensor([0.5, 0.5, 2.0, 2.0, 2.0, -1.0]))
-    with pytest.raises(ValueError, match="episode_index_of_token"):
-        broadcast_to_tokens(adv, torch.tensor([0, 3]))
-    with pytest.raises(ValueError, match="episode_index_of_token"):
-        broadcast_to_tokens(adv, torch.tensor([0.0, 1.0]))

@@ -1,5 +1,9 @@
 """Every config field that can be out of range is rejected with a message naming it."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from empo2.config import PROFILES, EMPO2Config
@@ -48,6 +52,10 @@ INVALID = [
     ("dual_clip", 1.0, "dual_clip"),
     ("eval_variations", 50, "eval_variations: 50 is not allowed; need <= n_test_variations"),
     ("lora_target_modules", (), "lora_target_modules"),
+    ("lr", "abc", "lr: 'abc' is not allowed; need a number"),
+    ("reuse_cache", 1, "reuse_cache: 1 is not allowed; need true or false"),
+    ("task", "power-components", "task: 'power-components' is not a ScienceWorld task; choose one of boil, "),
+    ("seed", True, "seed: True is not allowed; need an integer"),
 ]
 
 
@@ -97,3 +105,16 @@ def test_every_field_has_help():
 
     helps = EMPO2Config.help()
     assert {f.name for f in fields(EMPO2Config)} == set(helps)
+
+
+def test_command_line_errors_are_one_line_before_anything_starts():
+    """Bad --set values, tasks and model paths end in one line naming the field (no model load, no JVM)."""
+    for arguments, message in ((["--set", "lr=abc"], "error: lr: 'abc' is not allowed; need a number"),
+                               (["--task", "power-components"], "error: task: 'power-components' is not a"),
+                               (["--set", "model=no-such-org/no-such-model"], "error: model: policy model"),
+                               (["--set", "reuse_cache=maybe"], "error: reuse_cache: 'maybe' is not allowed")):
+        done = subprocess.run([sys.executable, "-m", "empo2", "train", "--profile", "ci", *arguments],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode != 0
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(message), done.stderr[-500:]

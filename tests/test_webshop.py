@@ -414,12 +414,12 @@ def test_fuzzy_helpers():
 
 def test_config_fields_point_the_trainer_at_official_files():
     from empo2.config import EMPO2Config
-    from empo2.trainer import env_for
+    from empo2.envs import env_from_config
 
     cfg = EMPO2Config.from_profile("ci", env="webshop", webshop_products=str(MINI_PRODUCTS),
                                    webshop_instructions=str(MINI_INSTRUCTIONS), webshop_goals="human",
                                    webshop_human_goals=str(MINI_HUMAN))
-    env = env_for(cfg)
+    env = env_from_config(cfg)
     assert env.goal_source == "human" and len(env.products) == 5 and env.max_steps == cfg.max_steps
     assert env.snap_actions
     with pytest.raises(ValueError, match="webshop_products: .* is not a file"):

@@ -59,3 +59,15 @@ def test_snapping_on_the_results_page_matches_a_product_by_its_title():
     title = env.product_by_asin[asin]["Title"]
     result = env.step(f"I pick the {title}")
     assert result.info["executed_action"] == f"click[{asin.lower()}]" and result.info["page"] == "item"
+
+
+def test_out_of_distribution_adaptation_runs_on_webshop():
+    """Adaptation builds its environments and roller from the config, so WebShop's own settings reach them."""
+    from empo2.adaptation import adapt
+    from empo2.config import EMPO2Config
+
+    cfg = EMPO2Config.from_profile("ci", env="webshop", max_steps=2, response_tokens=8, tip_tokens=8)
+    rows = adapt(cfg, None, "webshop", trials=2, episodes_per_trial=2)
+    assert list(rows["trial"]) == [1, 1, 2, 2]
+    assert rows["tip"].str.len().gt(0).all()  # every episode wrote a tip for the next trial
+    assert rows.loc[rows["trial"] == 2, "tips_shown"].sum() > 0  # and the second trial was shown them

@@ -93,7 +93,7 @@ TASK_NAMES: tuple[str, ...] = (
     "use-thermometer",
 )
 
-# Episode length per task (METHOD.md §2, the released code's table). Exact names,
+# Episode length per task (the released code's table). Exact names,
 # not prefixes: "chemistry-mix" is 60 but "chemistry-mix-paint-*" are 30.
 DEFAULT_MAX_STEPS: dict[str, int] = {
     "chemistry-mix": 60,
