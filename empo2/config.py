@@ -4,7 +4,7 @@
 
 Profiles:
     ci      minutes on a 2-core CPU: tiny budgets, the real ScienceWorld and default model
-    laptop  about 10 minutes per training run on a 2-core CPU (constrained action decoding)
+    laptop  15-30 minutes per training run on a 2-core CPU (constrained action decoding)
     paper   the paper's settings (its appendix D) with Qwen2.5-7B-Instruct, for GPUs
 
 Methods are configurations of the same trainer:
