@@ -242,6 +242,12 @@ class EMPO2Config:
         return self.q if self.method == "empo2" else 0.0
 
     @property
+    def loss_settings(self) -> dict:
+        """The keyword arguments of `loss.policy_loss` this config sets (besides the tensors and normaliser)."""
+        return {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip,
+                "delta": self.delta, "delta_mode": self.delta_mode, "kl_beta": self.kl_beta}
+
+    @property
     def writes_tips(self) -> bool:
         return self.method in ("empo2", "memory_only")
 

@@ -33,6 +33,17 @@ PLAIN = 0
 MEMORY_ON_POLICY = 1
 OFF_POLICY = 2
 MODE_NAMES = {PLAIN: "plain", MEMORY_ON_POLICY: "memory_on", OFF_POLICY: "off_policy"}
+
+
+def sampled_with_tips(mode: int) -> bool:
+    """The table's behaviour column: the episode acts with tips shown, and θ_old scores it with them."""
+    return mode != PLAIN
+
+
+def trained_with_tips(mode: int) -> bool:
+    """The table's update column: π_θ scores the episode's tokens with its tips in context."""
+    return mode == MEMORY_ON_POLICY
+
 DELTA_MODES = ("token", "sequence", "none")
 
 # exp(20) ~ 5e8 is far past any clip range; the bound only keeps exp() finite so

@@ -25,7 +25,8 @@ import torch
 from empo2.chat import ChatFormat, Message, format_tip_block
 from empo2.constrained import ActionEncoder, action_text
 from empo2.generation import GroupGenerator
-from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN
+from empo2.loss import (MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, sampled_with_tips,
+                        trained_with_tips)
 from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, extract_action, first_turn,
                            memory_content, next_turn, single_turn_prompt)
 
@@ -78,8 +79,14 @@ class Episode:
     env_restarts: int = 0
 
     @property
-    def uses_memory(self) -> bool:
-        return self.mode != PLAIN
+    def sampled_with_tips(self) -> bool:
+        """Acted with tips shown (memory-on-policy and off-policy); θ_old scores it with them."""
+        return sampled_with_tips(self.mode)
+
+    @property
+    def trained_with_tips(self) -> bool:
+        """Scored by π_θ with its tips in context (memory-on-policy only; off-policy drops them)."""
+        return trained_with_tips(self.mode)
 
     @property
     def mode_name(self) -> str:
@@ -333,7 +340,7 @@ class Roller:
         return vectors
 
     def _retrieve(self, episode: Episode, embeddings, i: int) -> list[str]:
-        if not episode.uses_memory:
+        if not episode.sampled_with_tips:
             return []
         start = time.perf_counter()
         tips = self._tips_for(episode, embeddings[i])

@@ -267,19 +267,19 @@ class Trainer:
         # with tips for θ_old and without for θ, so they always need one).
         before_first_step = {int(i) for i in orders[0][:batch]} if self.reuse_old_logprobs else set()
         read = lambda e, with_tips: tokens_processed(e, with_tips=with_tips, packed=cfg.packed_logprobs)  # noqa: E731
-        trajectory_tokens = sum(read(e, e.mode == MEMORY_ON_POLICY) for e, n in zip(episodes, needs_pass) if n)
+        trajectory_tokens = sum(read(e, e.trained_with_tips) for e, n in zip(episodes, needs_pass) if n)
         tokens_read = cfg.ppo_epochs * trajectory_tokens  # the gradient passes
         old, ref = {}, {}
         with torch.no_grad(), self.precision():
             for i, episode in enumerate(episodes):
                 if needs_pass[i]:
                     if not (i in before_first_step and episode.mode != OFF_POLICY):
-                        old[i] = score(episode, episode.uses_memory).float()  # (T_i,) behaviour context
-                        tokens_read += read(episode, episode.uses_memory)
+                        old[i] = score(episode, episode.sampled_with_tips).float()  # (T_i,) behaviour context
+                        tokens_read += read(episode, episode.sampled_with_tips)
                     if cfg.kl_beta > 0:
                         with self._reference_policy():
-                            ref[i] = score(episode, episode.mode == MEMORY_ON_POLICY).float()  # (T_i,)
-                        tokens_read += read(episode, episode.mode == MEMORY_ON_POLICY)
+                            ref[i] = score(episode, episode.trained_with_tips).float()  # (T_i,)
+                        tokens_read += read(episode, episode.trained_with_tips)
         self.model.train()
         history = []
         for order in orders:
@@ -314,9 +314,8 @@ class Trainer:
             loss, metrics = policy_loss(
                 torch.cat([s[0] for s in stash]), torch.cat([s[1] for s in stash]), cat("advantages"),
                 cat("mask"), cat("modes"), _renumber([s[2]["sequence_ids"] for s in stash]),
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, delta=cfg.delta,
-                delta_mode=cfg.delta_mode, ref_logprobs=torch.cat(refs) if all(r is not None for r in refs) else None,
-                kl_beta=cfg.kl_beta, normalizer=normalizer,
+                ref_logprobs=torch.cat(refs) if all(r is not None for r in refs) else None, normalizer=normalizer,
+                **cfg.loss_settings,
             )
         return {"update/loss": float(loss), "update/grad_norm": grad_norm,
                 **{f"update/{k}": v for k, v in metrics.items()}}
@@ -447,7 +446,7 @@ def backward_per_pass(model, episode: Episode, old: torch.Tensor | None, ref: to
     `old` None: θ_old is θ (before the iteration's first optimiser step), so each pass's
     own detached log-probs are θ_old's.
     """
-    passes = forward_passes(episode, with_tips=episode.mode == MEMORY_ON_POLICY, packed=cfg.packed_logprobs)
+    passes = forward_passes(episode, with_tips=episode.trained_with_tips, packed=cfg.packed_logprobs)
     allowed = pass_allowed(episode, [spans for _, spans in passes])
     pieces, first = [], 0
     for (ids, spans), sets in zip(passes, allowed):
@@ -456,10 +455,9 @@ def backward_per_pass(model, episode: Episode, old: torch.Tensor | None, ref: to
         piece = slice(first, first + len(new))  # this pass's action tokens
         first += len(new)
         loss, _ = policy_loss(
-            new, new.detach() if old is None else old[piece], tokens["advantages"][piece], tokens["mask"][piece], tokens["modes"][piece],
-            tokens["sequence_ids"][piece], clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-            dual_clip=cfg.dual_clip, delta=cfg.delta, delta_mode=cfg.delta_mode,
-            ref_logprobs=None if ref is None else ref[piece], kl_beta=cfg.kl_beta, normalizer=normalizer,
+            new, new.detach() if old is None else old[piece], tokens["advantages"][piece], tokens["mask"][piece],
+            tokens["modes"][piece], tokens["sequence_ids"][piece],
+            ref_logprobs=None if ref is None else ref[piece], normalizer=normalizer, **cfg.loss_settings,
         )
         if loss.requires_grad:  # a pass whose action tokens were all forced has no gradient
             loss.backward()
