@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 METHODS = ("empo2", "grpo", "naive", "memory_only")
 PROFILES = ("ci", "laptop", "paper")

@@ -26,11 +26,9 @@ Everything a run produces lands in `results/<experiment>/<run>/`:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import random
-import shutil
 import subprocess
 import time
 from importlib import metadata
@@ -49,6 +47,7 @@ from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy
 from empo2.novelty import NoveltyStore
 from empo2.rollout import Episode, Roller, RolloutTimer, draw_modes
+from empo2.runs import RunFolder
 from empo2.stats import bootstrap_interval
 
 _PACKAGES = ("empo2", "torch", "transformers", "peft", "faiss-cpu", "faiss-gpu-cu12", "scienceworld",
@@ -100,7 +99,8 @@ class Trainer:
     def __init__(self, cfg: EMPO2Config, *, resume: bool = False, show_progress: bool = True):
         self.cfg = cfg
         self.show_progress = show_progress
-        self.run_dir = Path(cfg.results_dir) / cfg.experiment / cfg.name
+        self.folder = RunFolder(Path(cfg.results_dir) / cfg.experiment / cfg.name)
+        self.run_dir = self.folder.path
         self.iteration = 0
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -138,15 +138,10 @@ class Trainer:
         """Take θ_old's log-probs from the first gradient pass where θ_old = θ and the contexts agree (before the
         iteration's first optimiser step; not off-policy) instead of a separate no-grad pass. Equal to float
         rounding; False is the plain way, kept for the benchmark."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if resume and self.latest_checkpoint() is not None:
-            self.load_checkpoint(self.latest_checkpoint())
-        else:
-            for name in ("metrics.jsonl", "episodes.jsonl", "tips.jsonl"):
-                (self.run_dir / name).unlink(missing_ok=True)
-        (self.run_dir / "config.json").write_text(
-            json.dumps({"config": cfg.to_dict(), **provenance()}, indent=2)
-        )
+        checkpoint = self.folder.latest_checkpoint() if resume else None
+        self.folder.start({"config": cfg.to_dict(), **provenance()}, fresh=checkpoint is None)
+        if checkpoint is not None:
+            self.load_checkpoint(checkpoint)
 
     def precision(self):
         """bf16 autocast for full fine-tuning (float32 master weights); LoRA runs need none."""
@@ -166,7 +161,7 @@ class Trainer:
         last = {}
         if cfg.method == "naive":
             last = {"iteration": 0, **self.evaluate()}
-            self._append("metrics.jsonl", [last])
+            self.folder.append("metrics.jsonl", [last])
             return last
         bar = tqdm(total=cfg.iterations, initial=self.iteration, desc=cfg.name, disable=not self.show_progress)
         try:
@@ -174,7 +169,7 @@ class Trainer:
                 last = self.train_iteration()
                 if self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations:
                     last.update(self.evaluate())
-                self._append("metrics.jsonl", [last])
+                self.folder.append("metrics.jsonl", [last])
                 if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
                 bar.update(1)
@@ -223,9 +218,9 @@ class Trainer:
         update_metrics = self.update(episodes, episode_advantages) if cfg.trains_weights else {}
         self.iteration += 1
 
-        self._append("episodes.jsonl", [episode_row(e, self.iteration, "train", float(a))
+        self.folder.append("episodes.jsonl", [episode_row(e, self.iteration, "train", float(a))
                                         for e, a in zip(episodes, episode_advantages)])
-        self._append("tips.jsonl", [{"iteration": self.iteration, "variation": e.variation, "mode": e.mode_name,
+        self.folder.append("tips.jsonl", [{"iteration": self.iteration, "variation": e.variation, "mode": e.mode_name,
                                      "score": e.score, "tip": e.tip} for e in episodes if e.tip])
         scores = np.array([e.score for e in episodes])
         metrics = {
@@ -342,7 +337,7 @@ class Trainer:
                 episodes += self.roller.run(self.envs, chunk, [mode] * len(chunk),
                                             temperature=cfg.eval_temperature, progress=bar)
         bar.close()
-        self._append("episodes.jsonl", [episode_row(e, self.iteration, "eval") for e in episodes])
+        self.folder.append("episodes.jsonl", [episode_row(e, self.iteration, "eval") for e in episodes])
         scores = np.array([e.score for e in episodes])
         low, high = bootstrap_interval(scores)
         return {"eval/score": float(scores.mean()), "eval/score_std": float(scores.std()),
@@ -351,48 +346,23 @@ class Trainer:
                 "eval/episodes": len(episodes)}
 
     # ------------------------------------------------------------------ files and checkpoints
-    def _append(self, name: str, rows: list[dict]) -> None:
-        with open(self.run_dir / name, "a") as handle:
-            for row in rows:
-                handle.write(json.dumps(row) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def latest_checkpoint(self) -> Path | None:
-        pointer = self.run_dir / "checkpoints" / "latest"
-        if not pointer.exists():
-            return None
-        path = self.run_dir / "checkpoints" / pointer.read_text().strip()
-        return path if path.exists() else None
-
     def save_checkpoint(self) -> Path:
         """Everything needed to continue exactly: weights, optimizer, memory, novelty, RNG, iteration."""
-        root = self.run_dir / "checkpoints"
-        final = root / f"iter-{self.iteration:05d}"
-        partial = root / f".partial-{self.iteration:05d}"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        torch.save(self.trainable_state(), partial / "weights.pt")
-        if self.optimizer is not None:
-            torch.save(self.optimizer.state_dict(), partial / "optimizer.pt")
-        self.memory.save(partial / "memory")
-        torch.save({
-            "iteration": self.iteration,
-            "novelty": self.novelty.state_dict(),
-            "python_random": random.getstate(),
-            "numpy_global": np.random.get_state(),
-            "numpy_rng": self.rng.bit_generator.state,
-            "torch_global": torch.get_rng_state(),
-            "sampler": self.sampler.get_state(),
-        }, partial / "state.pt")
-        shutil.rmtree(final, ignore_errors=True)
-        partial.rename(final)
-        pointer = root / "latest.tmp"
-        pointer.write_text(final.name)
-        pointer.replace(root / "latest")
-        for old in sorted(root.glob("iter-*"))[:-2]:  # keep the two newest
-            shutil.rmtree(old, ignore_errors=True)
-        return final
+        with self.folder.new_checkpoint(self.iteration) as partial:
+            torch.save(self.trainable_state(), partial / "weights.pt")
+            if self.optimizer is not None:
+                torch.save(self.optimizer.state_dict(), partial / "optimizer.pt")
+            self.memory.save(partial / "memory")
+            torch.save({
+                "iteration": self.iteration,
+                "novelty": self.novelty.state_dict(),
+                "python_random": random.getstate(),
+                "numpy_global": np.random.get_state(),
+                "numpy_rng": self.rng.bit_generator.state,
+                "torch_global": torch.get_rng_state(),
+                "sampler": self.sampler.get_state(),
+            }, partial / "state.pt")
+        return self.folder.latest_checkpoint()
 
     def load_checkpoint(self, path: Path) -> None:
         weights = torch.load(path / "weights.pt")
@@ -415,13 +385,7 @@ class Trainer:
         torch.set_rng_state(state["torch_global"])
         self.sampler.set_state(state["sampler"])
         self.iteration = state["iteration"]
-        # Rows written after this checkpoint (by a run that then crashed) are dropped.
-        for name in ("metrics.jsonl", "episodes.jsonl", "tips.jsonl"):
-            file = self.run_dir / name
-            if file.exists():
-                rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip().endswith("}")]
-                kept = [row for row in rows if row.get("iteration", 0) <= self.iteration]
-                file.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        self.folder.drop_rows_after(self.iteration)  # rows of a run that died after this checkpoint
 
     def close(self) -> None:
         for env in self.envs:
