@@ -298,15 +298,15 @@ class GrowingLayer(DynamicLayer):
         self.reserve(n)
         self.write(slice(0, rows), self.length, key_states, value_states)
         self.advance(n)
-        return self.view(slice(0, rows), self.length)
+        self.keys, self.values = self.view(slice(0, rows), self.length)
+        return self.keys, self.values
 
     def write(self, rows: slice, start: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.key_buffer[rows, :, start : start + key_states.shape[2]] = key_states
         self.value_buffer[rows, :, start : start + value_states.shape[2]] = value_states
 
     def view(self, rows: slice, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys, self.values = self.key_buffer[rows, :, :end], self.value_buffer[rows, :, :end]
-        return self.keys, self.values
+        return self.key_buffer[rows, :, :end], self.value_buffer[rows, :, :end]
 
     def advance(self, n: int) -> None:
         self.length += n

@@ -210,7 +210,8 @@ class Roller:
         episodes, observations, infos = [], [], []  # infos: the latest info dict of each episode
         start = time.perf_counter()
         for (observation, info), env, variation, mode in zip(
-                self._each_env(envs, [(env.reset, variation) for env, variation in zip(envs, variations)]),
+                call_each(envs, [(env.reset, variation) for env, variation in zip(envs, variations)],
+                          parallel=self.parallel_envs),
                 envs, variations, modes):
             episodes.append(Episode(self.env_name, env.task_name, variation, mode))
             observations.append(observation)
@@ -256,7 +257,7 @@ class Roller:
                 if self.actions is not None:
                     text = action_text(text)
                 actions.append((envs[i].step, text if self.prompt_style == "chat" else extract_action(text)))
-            results = dict(zip(active, self._each_env([envs[i] for i in active], actions)))
+            results = dict(zip(active, call_each([envs[i] for i in active], actions, parallel=self.parallel_envs)))
             for i in active:
                 infos[i] = results[i].info
             self.timer.environment += time.perf_counter() - start
@@ -323,9 +324,6 @@ class Roller:
             self.timer.tip_writing += time.perf_counter() - start
         self.model.train(model_was_training)
         return episodes
-
-    def _each_env(self, envs, calls: list[tuple]) -> list:
-        return call_each(envs, calls, parallel=self.parallel_envs)
 
     def _timed_embed(self, texts, needed: bool, memory_part: bool):
         if not needed:

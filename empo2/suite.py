@@ -13,8 +13,6 @@ from empo2.paper import SCIENCEWORLD_TABLE1
 
 MAIN_TASK = "power-component"
 SEEDS = {"ci": (0, 1), "laptop": (0, 1, 2), "paper": (0, 1, 2)}
-NAIVE_SEEDS = {"laptop": (0, 1, 2)}
-"""Seeds of the Naive evaluations where they differ from SEEDS (an evaluation costs about a minute)."""
 
 # Laptop runs committed before constrained decoding existed: free text snapped to actions,
 # 4 episodes x 10 steps, 12 iterations, 5 test episodes. Their notebooks (05-08, 10 and the
@@ -48,7 +46,7 @@ def baselines(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     when the committed results are regenerated (until then `make run` would train it for minutes).
     """
     naive = [_cfg(profile, results_dir, "power-component", method="naive", task=MAIN_TASK, seed=seed)
-             for seed in NAIVE_SEEDS.get(profile, SEEDS[profile])]
+             for seed in SEEDS[profile]]
     if profile == "laptop":
         return naive
     return naive + [_cfg(profile, results_dir, "power-component", method="memory_only", task=MAIN_TASK, seed=0)]

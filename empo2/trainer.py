@@ -42,7 +42,7 @@ from empo2.advantages import grpo_advantages
 from empo2.config import EMPO2Config
 from empo2.envs import env_from_config
 from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs, tokens_processed
-from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, policy_loss
+from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, PLAIN, policy_loss
 from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy
 from empo2.novelty import NoveltyStore
@@ -257,8 +257,8 @@ class Trainer:
         needs_pass = [bool(a != 0) or cfg.kl_beta > 0 for a in advantages.tolist()]
         batch = cfg.minibatch_episodes or len(episodes)
         orders = [self.rng.permutation(len(episodes)) for _ in range(cfg.ppo_epochs)]
-        # θ_old's log-probs in the training context are the first gradient pass's own values, until the
-        # first optimiser step: those episodes get no separate no-grad pass (off-policy ones are scored
+        # Until the first optimiser step θ_old = θ, so where θ_old and θ score the same context the first
+        # gradient pass's own values are θ_old's: no separate no-grad pass (off-policy episodes are scored
         # with tips for θ_old and without for θ, so they always need one).
         before_first_step = {int(i) for i in orders[0][:batch]} if self.reuse_old_logprobs else set()
         read = lambda e, with_tips: tokens_processed(e, with_tips=with_tips, packed=cfg.packed_logprobs)  # noqa: E731
@@ -268,7 +268,7 @@ class Trainer:
         with torch.no_grad(), self.precision():
             for i, episode in enumerate(episodes):
                 if needs_pass[i]:
-                    if not (i in before_first_step and episode.mode != OFF_POLICY):
+                    if not (i in before_first_step and episode.sampled_with_tips == episode.trained_with_tips):
                         old[i] = score(episode, episode.sampled_with_tips).float()  # (T_i,) behaviour context
                         tokens_read += read(episode, episode.sampled_with_tips)
                     if cfg.kl_beta > 0:
