@@ -117,9 +117,9 @@ def iteration(args, method: str) -> tuple[dict, dict]:
 
             def timed_both_ways(episodes, advantages):
                 saved = ({n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad},
-                         copy.deepcopy(trainer.optimizer.state_dict()), copy.deepcopy(trainer.rng.bit_generator.state))
+                         copy.deepcopy(update.optimizer.state_dict()), copy.deepcopy(trainer.rng.bit_generator.state))
                 start = time.perf_counter()
-                trainer.reuse_old_logprobs = False
+                update.reuse_old_logprobs = False
                 plain = update(episodes, advantages)
                 extra["plain update seconds"] = time.perf_counter() - start
                 extra["plain tokens read"] = plain.get("update/tokens_read_per_trajectory_token", float("nan"))
@@ -127,9 +127,9 @@ def iteration(args, method: str) -> tuple[dict, dict]:
                 with torch.no_grad():
                     for name, value in saved[0].items():
                         named[name].copy_(value)
-                trainer.optimizer.load_state_dict(saved[1])
+                update.optimizer.load_state_dict(saved[1])
                 trainer.rng.bit_generator.state = saved[2]
-                trainer.reuse_old_logprobs = True
+                update.reuse_old_logprobs = True
                 extra["context tokens"] = sum(len(e.turns[-1].prompt_ids) + len(e.turns[-1].response_ids)
                                               for e in episodes)
                 extra["tip-free tokens"] = sum(len(e.turns[-1].prompt_ids_tip_free) + len(e.turns[-1].response_ids)

@@ -27,22 +27,34 @@ mini-batch's action tokens.
 
 from __future__ import annotations
 
+import enum
+
 import torch
 
-PLAIN = 0
-MEMORY_ON_POLICY = 1
-OFF_POLICY = 2
-MODE_NAMES = {PLAIN: "plain", MEMORY_ON_POLICY: "memory_on", OFF_POLICY: "off_policy"}
+class Mode(enum.IntEnum):
+    """An episode's mode: how it is played and in which context the update scores it (the table above)."""
+
+    PLAIN = 0
+    MEMORY_ON_POLICY = 1
+    OFF_POLICY = 2
+
+    @property
+    def sampled_with_tips(self) -> bool:
+        """The behaviour column: the episode acts with tips shown, and θ_old scores it with them."""
+        return self is not Mode.PLAIN
+
+    @property
+    def trained_with_tips(self) -> bool:
+        """The update column: π_θ scores the episode's tokens with its tips in context."""
+        return self is Mode.MEMORY_ON_POLICY
+
+    @property
+    def label(self) -> str:
+        return {Mode.PLAIN: "plain", Mode.MEMORY_ON_POLICY: "memory_on", Mode.OFF_POLICY: "off_policy"}[self]
 
 
-def sampled_with_tips(mode: int) -> bool:
-    """The table's behaviour column: the episode acts with tips shown, and θ_old scores it with them."""
-    return mode != PLAIN
-
-
-def trained_with_tips(mode: int) -> bool:
-    """The table's update column: π_θ scores the episode's tokens with its tips in context."""
-    return mode == MEMORY_ON_POLICY
+PLAIN, MEMORY_ON_POLICY, OFF_POLICY = Mode
+MODE_NAMES = {mode: mode.label for mode in Mode}
 
 DELTA_MODES = ("token", "sequence", "none")
 

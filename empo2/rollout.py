@@ -25,8 +25,7 @@ import torch
 from empo2.chat import ChatFormat, Message, format_tip_block
 from empo2.constrained import ActionEncoder, action_text
 from empo2.generation import GroupGenerator
-from empo2.loss import (MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, sampled_with_tips,
-                        trained_with_tips)
+from empo2.loss import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, Mode
 from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, extract_action, first_turn,
                            memory_content, next_turn, single_turn_prompt)
 
@@ -67,7 +66,7 @@ class Episode:
     env_name: str
     task: str
     variation: int
-    mode: int
+    mode: Mode
     """PLAIN, MEMORY_ON_POLICY or OFF_POLICY (see empo2.loss)."""
     messages: list[Message] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
@@ -81,16 +80,16 @@ class Episode:
     @property
     def sampled_with_tips(self) -> bool:
         """Acted with tips shown (memory-on-policy and off-policy); θ_old scores it with them."""
-        return sampled_with_tips(self.mode)
+        return Mode(self.mode).sampled_with_tips
 
     @property
     def trained_with_tips(self) -> bool:
         """Scored by π_θ with its tips in context (memory-on-policy only; off-policy drops them)."""
-        return trained_with_tips(self.mode)
+        return Mode(self.mode).trained_with_tips
 
     @property
     def mode_name(self) -> str:
-        return MODE_NAMES[self.mode]
+        return Mode(self.mode).label
 
     @property
     def intrinsic_return(self) -> float:
@@ -101,7 +100,7 @@ class Episode:
         return self.score >= 100.0
 
 
-def draw_modes(n: int, p: float, q: float, rng: np.random.Generator, per_iteration: bool = False) -> list[int]:
+def draw_modes(n: int, p: float, q: float, rng: np.random.Generator, per_iteration: bool = False) -> list[Mode]:
     """Draw the rollout/update mode of n episodes.
 
     Per rollout (default, the paper's algorithm): each episode is memory-augmented
@@ -186,7 +185,7 @@ class Roller:
         entries = self.memory.retrieve(state_embedding, self.scope(episode.task, episode.variation))
         return [entry.content for entry in entries]
 
-    def run(self, envs, variations: list[int], modes: list[int], *, temperature: float,
+    def run(self, envs, variations: list[int], modes: list[Mode], *, temperature: float,
             write_tips: bool = False, use_novelty: bool = False, progress=None) -> list[Episode]:
         """Play one episode per env in lock-step; env i plays `variations[i]` in `modes[i]`."""
         n = len(variations)

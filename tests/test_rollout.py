@@ -98,7 +98,7 @@ def test_backward_per_pass_gives_the_gradient_of_the_whole_episode_loss(memory_e
     """One backward per forward pass (what non-append-only episodes use) equals one backward
     of the whole episode's loss, with KL, δ per sequence and a fixed normaliser."""
     from empo2.config import EMPO2Config
-    from empo2.trainer import _token_tensors, backward_per_pass
+    from empo2.update import PolicyUpdate, TokenBatch
 
     model, _, episodes, _ = memory_episodes
     off_policy = episodes[2]
@@ -108,18 +108,18 @@ def test_backward_per_pass_gives_the_gradient_of_the_whole_episode_loss(memory_e
     with torch.no_grad():
         old = episode_logprobs(model, off_policy, with_tips=True) + 0.05  # (T,) ratios away from 1
         ref = episode_logprobs(model, off_policy, with_tips=False) - 0.05  # (T,)
-    tokens = _token_tensors(off_policy, torch.tensor(-1.2))
+    batch = TokenBatch.of(off_policy, -1.2, old_logprobs=old, ref_logprobs=ref)
     normalizer = 3.0 * len(old)
     params = [p for p in model.parameters() if p.requires_grad][-6:]
     model.zero_grad(set_to_none=True)
     whole = episode_logprobs(model, off_policy, with_tips=False, packed=False)
-    loss, _ = policy_loss(whole, old, tokens["advantages"], tokens["mask"], tokens["modes"], tokens["sequence_ids"],
+    loss, _ = policy_loss(whole, old, batch.advantages, batch.mask, batch.modes, batch.sequence_ids,
                           ref_logprobs=ref, kl_beta=cfg.kl_beta, delta=cfg.delta, delta_mode=cfg.delta_mode,
                           normalizer=normalizer)
     loss.backward()
     expected = [p.grad.clone() for p in params]
     model.zero_grad(set_to_none=True)
-    new = backward_per_pass(model, off_policy, old, ref, tokens, cfg=cfg, normalizer=normalizer)
+    new = PolicyUpdate(model, cfg, np.random.default_rng(0)).backward(off_policy, batch, normalizer)
     torch.testing.assert_close(new, whole.detach(), atol=1e-5, rtol=0)
     assert any(g.abs().max() > 0 for g in expected)
     for got, want in zip([p.grad for p in params], expected):

@@ -82,7 +82,7 @@ def test_naive_and_memory_only_do_not_touch_weights(tmp_path):
     for method in ("naive", "memory_only"):
         cfg = _cfg(tmp_path, method=method, iterations=1, eval_every=1)
         with Trainer(cfg, show_progress=False) as trainer:
-            assert trainer.optimizer is None
+            assert trainer.update is None
             metrics = trainer.train()
         assert "eval/score" in metrics
         if method == "memory_only":
@@ -94,7 +94,7 @@ def test_full_finetuning_keeps_float32_master_weights(tmp_path):
                intrinsic_coef=1.0)
     with Trainer(cfg, show_progress=False) as trainer:
         assert not hasattr(trainer.model, "disable_adapter")
-        assert all(p.dtype == torch.float32 for p in trainer.trainable)
+        assert all(p.dtype == torch.float32 for p in trainer.update.trainable)
         embedding = trainer.model.get_input_embeddings().weight
         before = embedding.detach().clone()
         metrics = trainer.train()
@@ -110,7 +110,7 @@ def test_old_logprobs_taken_from_the_first_gradient_pass_train_like_a_separate_p
         cfg = _cfg(tmp_path, run_name=f"reuse-{reuse}", iterations=1, eval_every=100, p=0.0, intrinsic_coef=1.0,
                    minibatch_episodes=0)
         with Trainer(cfg, show_progress=False) as trainer:
-            trainer.reuse_old_logprobs = reuse
+            trainer.update.reuse_old_logprobs = reuse
             metrics = trainer.train_iteration()
             weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         runs[reuse] = metrics, weights

@@ -1,0 +1,205 @@
+"""The policy update of one iteration: `ppo_epochs` passes of the hybrid clipped objective over its episodes.
+
+    for every episode whose loss has a gradient (non-zero advantage, or a KL term):
+        θ_old log-probs in the context the episode was played in (with tips where shown)
+        reference log-probs in the context it is trained in (only with a KL term)
+    for each epoch, for each mini-batch of a fresh permutation of the episodes:
+        for each episode, one forward pass at a time:
+            π_θ log-probs in its training context: plain / with tips / tip-free (off-policy)
+            the hybrid clipped loss (empo2.loss) over the mini-batch's token count; backward
+        clip the gradient norm; one optimiser step
+
+The per-token inputs of the loss travel as a `TokenBatch`; `HybridLoss` is the
+loss with the config's settings bound once. Symbols: T action tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from empo2.config import EMPO2Config
+from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs, tokens_processed
+from empo2.loss import policy_loss
+from empo2.rollout import Episode
+
+
+@dataclass
+class TokenBatch:
+    """What the loss reads about T action tokens: one episode's, a slice of them, or a mini-batch's."""
+
+    advantages: torch.Tensor  # (T,) the GRPO advantage of each token's episode
+    mask: torch.Tensor  # (T,) 1 for decisions, 0 for forced tokens of constrained decoding (one allowed token)
+    modes: torch.Tensor  # (T,) long, the Mode of each token's episode
+    sequence_ids: torch.Tensor  # (T,) long, each token's turn, distinct across the turns of a batch
+    old_logprobs: torch.Tensor | None = None  # (T,) θ_old in the behaviour context; None: θ_old = θ
+    ref_logprobs: torch.Tensor | None = None  # (T,) the reference policy in the training context (KL only)
+
+    @classmethod
+    def of(cls, episode: Episode, advantage: float, old_logprobs: torch.Tensor | None = None,
+           ref_logprobs: torch.Tensor | None = None) -> TokenBatch:
+        """Every action token gets the episode's advantage; forced tokens are no decision and are masked out."""
+        lengths = [len(turn.response_ids) for turn in episode.turns]
+        total = sum(lengths)
+        return cls(
+            advantages=torch.full((total,), float(advantage)),  # (T,)
+            mask=torch.tensor([0.0 if allowed is not None and len(allowed) == 1 else 1.0
+                               for turn in episode.turns for allowed in turn.allowed_sets()]),  # (T,)
+            modes=torch.full((total,), int(episode.mode), dtype=torch.long),  # (T,)
+            sequence_ids=torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)),  # (T,)
+            old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
+        )
+
+    def __getitem__(self, piece: slice) -> TokenBatch:
+        return TokenBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[piece]
+                             for f in fields(self)})
+
+    @classmethod
+    def cat(cls, batches: list[TokenBatch]) -> TokenBatch:
+        """One batch of several; each batch's turns get their own sequence ids."""
+        offset, sequence_ids = 0, []
+        for batch in batches:
+            sequence_ids.append(batch.sequence_ids + offset)
+            offset += int(batch.sequence_ids.max()) + 1 if len(batch.sequence_ids) else 0
+        joined = lambda name: (None if any(getattr(b, name) is None for b in batches)  # noqa: E731
+                               else torch.cat([getattr(b, name) for b in batches]))
+        return cls(advantages=joined("advantages"), mask=joined("mask"), modes=joined("modes"),
+                   sequence_ids=torch.cat(sequence_ids), old_logprobs=joined("old_logprobs"),
+                   ref_logprobs=joined("ref_logprobs"))
+
+
+def decision_tokens(episode: Episode) -> int:
+    """Action tokens the policy chose (forced tokens of constrained decoding excluded): the loss's token count."""
+    return sum(allowed is None or len(allowed) > 1 for turn in episode.turns for allowed in turn.allowed_sets())
+
+
+class HybridLoss:
+    """`empo2.loss.policy_loss` with a config's clipping, δ and KL settings bound once."""
+
+    def __init__(self, cfg: EMPO2Config):
+        self.settings = cfg.loss_settings
+
+    def __call__(self, new_logprobs: torch.Tensor, batch: TokenBatch, normalizer: float
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss of the (T,) `new_logprobs` summed over the batch's tokens and divided by `normalizer`."""
+        old = new_logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs  # (T,)
+        return policy_loss(new_logprobs, old, batch.advantages, batch.mask, batch.modes, batch.sequence_ids,
+                           ref_logprobs=batch.ref_logprobs, normalizer=normalizer, **self.settings)
+
+
+class PolicyUpdate:
+    """The optimiser and the update rule of a run; `update(episodes, advantages)` runs one iteration's update."""
+
+    def __init__(self, model, cfg: EMPO2Config, rng: np.random.Generator, precision=contextlib.nullcontext):
+        self.model = model
+        self.cfg = cfg
+        self.rng = rng
+        """The trainer's generator: mini-batch orders are drawn from it (a resumed run draws the same)."""
+        self.precision = precision
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr)
+        self.loss = HybridLoss(cfg)
+        self.reuse_old_logprobs = True
+        """Take θ_old's log-probs from the first gradient pass where θ_old = θ and the contexts agree (before the
+        iteration's first optimiser step; not off-policy) instead of a separate no-grad pass. Equal to float
+        rounding; False is the plain way, kept for the benchmark."""
+
+    def __call__(self, episodes: list[Episode], advantages: torch.Tensor) -> dict:
+        """`ppo_epochs` passes over the episodes; `advantages`: (n_episodes,). Returns the update's metrics."""
+        cfg = self.cfg
+        # Zero-advantage episodes have exactly zero policy gradient; without a KL term
+        # they only count towards the token normaliser, so their forward passes are skipped.
+        needs_pass = [bool(a != 0) or cfg.kl_beta > 0 for a in advantages.tolist()]
+        size = cfg.minibatch_episodes or len(episodes)
+        orders = [self.rng.permutation(len(episodes)) for _ in range(cfg.ppo_epochs)]
+        # Until the first optimiser step θ_old = θ, so where θ_old and θ score the same context the first
+        # gradient pass's own values are θ_old's: no separate no-grad pass (off-policy episodes are scored
+        # with tips for θ_old and without for θ, so they always need one).
+        before_first_step = {int(i) for i in orders[0][:size]} if self.reuse_old_logprobs else set()
+        read = lambda e, with_tips: tokens_processed(e, with_tips=with_tips, packed=cfg.packed_logprobs)  # noqa: E731
+        trajectory_tokens = sum(read(e, e.trained_with_tips) for e, n in zip(episodes, needs_pass) if n)
+        tokens_read = cfg.ppo_epochs * trajectory_tokens  # the gradient passes
+
+        # 1. θ_old (and the reference policy), no gradient
+        batches: dict[int, TokenBatch] = {}
+        with torch.no_grad(), self.precision():
+            for i, episode in enumerate(episodes):
+                if not needs_pass[i]:
+                    continue
+                old = ref = None
+                if not (i in before_first_step and episode.sampled_with_tips == episode.trained_with_tips):
+                    old = self.logprobs(episode, episode.sampled_with_tips)  # (T_i,) behaviour context
+                    tokens_read += read(episode, episode.sampled_with_tips)
+                if cfg.kl_beta > 0:
+                    with self.reference_policy():
+                        ref = self.logprobs(episode, episode.trained_with_tips)  # (T_i,)
+                    tokens_read += read(episode, episode.trained_with_tips)
+                batches[i] = TokenBatch.of(episode, advantages[i], old, ref)
+
+        # 2. clipped updates, each mode scored in its own context
+        self.model.train()
+        history = []
+        for order in orders:
+            for start in range(0, len(order), size):
+                minibatch = [int(i) for i in order[start : start + size]]
+                normalizer = float(max(1, sum(decision_tokens(episodes[i]) for i in minibatch)))
+                self.optimizer.zero_grad(set_to_none=True)
+                scored, new_logprobs = [], []
+                for i in minibatch:
+                    if not needs_pass[i]:
+                        continue
+                    new = self.backward(episodes[i], batches[i], normalizer)  # (T_i,)
+                    if batches[i].old_logprobs is None:  # θ_old = θ here: this pass's ratio is exactly 1
+                        batches[i].old_logprobs = new
+                    scored.append(batches[i])
+                    new_logprobs.append(new)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
+                if scored:
+                    self.optimizer.step()
+                    with torch.no_grad():
+                        loss, metrics = self.loss(torch.cat(new_logprobs), TokenBatch.cat(scored), normalizer)
+                    history.append({"update/loss": float(loss), "update/grad_norm": float(grad_norm),
+                                    **{f"update/{k}": v for k, v in metrics.items()}})
+        if not history:
+            return {"update/skipped": 1.0}
+        return {"update/tokens_read_per_trajectory_token": tokens_read / max(1, trajectory_tokens),
+                **{k: float(np.mean([h[k] for h in history if k in h])) for k in {k for h in history for k in h}}}
+
+    def logprobs(self, episode: Episode, with_tips: bool) -> torch.Tensor:
+        """(T,) float32 log-probs of the episode's action tokens in one context, with the sampling temperature."""
+        return episode_logprobs(self.model, episode, with_tips=with_tips, packed=self.cfg.packed_logprobs,
+                                temperature=self.cfg.temperature).float()
+
+    def backward(self, episode: Episode, batch: TokenBatch, normalizer: float) -> torch.Tensor:
+        """Accumulate the gradient of `episode`'s loss, one forward pass at a time; its new log-probs: (T,).
+
+        With a fixed normaliser the loss is a sum over turns (δ drops whole turns at most),
+        so each forward pass is backpropagated on its own and only one pass's activations
+        are alive at a time, however many turns a non-append-only episode has.
+        Off-policy episodes are scored WITHOUT their tips: the distillation step.
+        """
+        cfg = self.cfg
+        passes = forward_passes(episode, with_tips=episode.trained_with_tips, packed=cfg.packed_logprobs)
+        allowed = pass_allowed(episode, [spans for _, spans in passes])
+        pieces, first = [], 0
+        for (ids, spans), sets in zip(passes, allowed):
+            with self.precision():
+                new = sequence_logprobs(self.model, ids, spans, temperature=cfg.temperature, allowed=sets).float()  # (t,)
+            piece = slice(first, first + len(new))  # this pass's action tokens
+            first += len(new)
+            loss, _ = self.loss(new, batch[piece], normalizer)
+            if loss.requires_grad:  # a pass whose action tokens were all forced has no gradient
+                loss.backward()
+            pieces.append(new.detach())
+        return torch.cat(pieces)
+
+    @contextlib.contextmanager
+    def reference_policy(self):
+        """The initial policy: the base model with LoRA switched off."""
+        if not hasattr(self.model, "disable_adapter"):
+            raise ValueError("kl_beta: a KL penalty needs LoRA (lora_rank > 0) so the base model is the reference")
+        with self.model.disable_adapter():
+            yield
