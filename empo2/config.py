@@ -106,6 +106,15 @@ class EMPO2Config:
     think_first: bool = True
     """single_turn prompts: ask for reasoning in <think> before the <action> (needs a few hundred
     response tokens); False asks for the action alone, for short response budgets."""
+    rollout_engine: str = "transformers"
+    """Who samples rollouts: transformers (the policy itself, any device) or vllm (a vLLM engine beside the
+    policy on the GPU; needs the gpu extra, device cuda, and LoRA when training: only the adapter is synced).
+    Not yet run: see empo2.vllm_engine."""
+    vllm_constraint: str = "tokens"
+    """vllm + constrained decoding: tokens (exact: the trie's allowed ids, one engine call per decision token)
+    or choice (one call per action through vLLM's structured outputs; a wider set than the trie)."""
+    vllm_gpu_memory: float = 0.35
+    """Fraction of the GPU's memory the vLLM engine takes (the policy and its optimiser share the GPU)."""
     # --- EMPO² --------------------------------------------------------------------
     p: float = 0.25
     """Probability that a rollout is memory-augmented (paper: 0.25)."""
@@ -176,7 +185,8 @@ class EMPO2Config:
             "mode_granularity": ("rollout", "iteration"), "memory_scope": ("variation", "task"),
             "delta_mode": ("token", "sequence", "none"), "device": None, "prompt_style": ("chat", "single_turn"),
             "action_decoding": ("free", "constrained"),
-            "webshop_goals": ("synthetic", "human"),
+            "webshop_goals": ("synthetic", "human"), "rollout_engine": ("transformers", "vllm"),
+            "vllm_constraint": ("tokens", "choice"),
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -189,6 +199,13 @@ class EMPO2Config:
                 raise ValueError(f"task: {self.task!r} is not a ScienceWorld task; choose one of {', '.join(TASK_NAMES)}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device: {self.device!r} is not allowed; use cpu or cuda[:N]")
+        if self.rollout_engine == "vllm" and not self.device.startswith("cuda"):
+            raise ValueError(f"rollout_engine: 'vllm' needs device cuda, not {self.device!r}")
+        if self.rollout_engine == "vllm" and self.trains_weights and self.lora_rank == 0:
+            raise ValueError("rollout_engine: 'vllm' is not allowed with lora_rank 0 when training "
+                             "(only the LoRA adapter is synced to the engine)")
+        if not 0 < self.vllm_gpu_memory <= 1:
+            raise ValueError(f"vllm_gpu_memory: {self.vllm_gpu_memory} is out of range; allowed (0, 1]")
         ranges = {
             "p": (0.0, 1.0), "q": (0.0, 1.0), "similarity_threshold": (-1.0, 1.0),
             "novelty_threshold": (-1.0, 1.0), "clip_low": (0.0, 1.0), "delta": (0.0, 1.0),

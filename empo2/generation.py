@@ -171,7 +171,10 @@ class GroupGenerator:
             if self.temperature <= 0:
                 pick = int(row_logprobs.argmax())
             else:
-                pick = int(torch.multinomial(row_logprobs.exp(), 1, generator=self.generator))
+                probs = row_logprobs.exp()  # (vocab,) or (k,)
+                if self.generator is not None:
+                    probs = probs.to(self.generator.device)  # a CPU generator samples CPU tensors only
+                pick = int(torch.multinomial(probs, 1, generator=self.generator))
             tokens.append(pick if index is None else choices[pick])
             logprobs.append(float(row_logprobs[pick]))
         return tokens, logprobs

@@ -1,4 +1,7 @@
-"""The words the agent sees: system prompt, turn texts, the tip prompt, memory entries.
+"""The words the agent sees: system prompt, turn layout, the tip prompt, memory entries.
+
+What is specific to an environment (its action syntax, what it lists each turn) is written by the
+environment class (`first_turn_text`, `next_turn_text`) inside the layout given here.
 
 Per-turn text is fixed once written (instructions in the first turn, tips in the
 turn where they were shown), so a conversation only ever grows at its end and
@@ -12,13 +15,6 @@ SYSTEM_PROMPT = (
     "and reply with exactly one action, written as a short command, and nothing else."
 )
 
-SCIENCEWORLD_ACTIONS = (
-    "look around; look at OBJ; look in OBJ; go to LOCATION; open OBJ; close OBJ; "
-    "pick up OBJ; put down OBJ; move OBJ to OBJ; pour OBJ into OBJ; mix OBJ; "
-    "activate OBJ; deactivate OBJ; connect OBJ to OBJ; disconnect OBJ; use OBJ on OBJ; "
-    "read OBJ; wait; focus on OBJ"
-)
-
 TIP_PROMPT = (
     "Thank you. This attempt has ended with score {score:.0f}. In one line of at most "
     "100 words, write a tip for your next attempt: summarise what you did, what you "
@@ -26,35 +22,14 @@ TIP_PROMPT = (
 )
 
 
-def first_turn(env_name: str, task_description: str, observation: str, info: dict) -> str:
-    """The first user turn: the task, how to act, and the first observation."""
-    if env_name == "scienceworld":
-        return (
-            f"Task: {task_description}\n"
-            f"Actions you can use (OBJ and LOCATION are names from the observation): {SCIENCEWORLD_ACTIONS}.\n"
-            "In a room you have not seen yet, 'look around' first. Only 'focus on' the object the task "
-            "names: focusing on anything else fails the task.\n"
-            f"Inventory: {info.get('inventory', '').strip() or 'nothing'}\n"
-            f"Observation: {observation.strip()}\n"
-            "Your action:"
-        )
-    if env_name == "webshop":
-        return (
-            f"Task: {task_description}\n"
-            "Actions: search[your query] on the search page, click[button] for a button shown in brackets.\n"
-            f"Observation: {observation.strip()}\n"
-            f"Admissible actions: {', '.join(info.get('valid_actions', []))}\n"
-            "Your action:"
-        )
-    return f"Task: {task_description}\nObservation: {observation.strip()}\nYour action:"
+def first_turn(task_description: str, observation: str, extra: str = "") -> str:
+    """The first user turn: the task, the environment's `extra` lines on how to act, the first observation."""
+    return f"Task: {task_description}\n{extra}Observation: {observation.strip()}\nYour action:"
 
 
-def next_turn(env_name: str, observation: str, info: dict, step: int, max_steps: int) -> str:
-    """A later user turn: the result of the last action."""
-    text = f"Observation: {observation.strip()}\n"
-    if env_name == "webshop":
-        text += f"Admissible actions: {', '.join(info.get('valid_actions', []))}\n"
-    return text + f"Step {step} of {max_steps}. Your action:"
+def next_turn(observation: str, step: int, max_steps: int, extra: str = "") -> str:
+    """A later user turn: the result of the last action, then the environment's `extra` lines."""
+    return f"Observation: {observation.strip()}\n{extra}Step {step} of {max_steps}. Your action:"
 
 
 def memory_content(tip: str, action: str, score: float) -> str:

@@ -26,8 +26,8 @@ from empo2.chat import ChatFormat, Message, format_tip_block
 from empo2.constrained import ActionEncoder, action_text
 from empo2.generation import GroupGenerator
 from empo2.loss import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, Mode
-from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, extract_action, first_turn,
-                           memory_content, next_turn, single_turn_prompt)
+from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, extract_action, memory_content,
+                           single_turn_prompt)
 
 
 @dataclass
@@ -137,7 +137,8 @@ class Roller:
                  embedder=None, memory=None, novelty=None, reuse_cache: bool = True,
                  generator: torch.Generator | None = None, memory_scope: str = "variation",
                  prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True,
-                 action_decoding: str = "free", parallel_envs: bool = True, in_place_cache: bool = True):
+                 action_decoding: str = "free", parallel_envs: bool = True, in_place_cache: bool = True,
+                 engine=None):
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer)
@@ -163,6 +164,8 @@ class Roller:
         """KV cache written in place, finished episodes not computed (False: the plain way; see empo2.generation)."""
         self.history_turns = history_turns
         self.think_first = think_first
+        self.engine = engine
+        """A vLLM engine that samples the rollouts (empo2.vllm_engine); None: the policy itself (GroupGenerator)."""
         self.timer = RolloutTimer()
         self.last_generator: GroupGenerator | None = None
 
@@ -173,7 +176,8 @@ class Roller:
         return cls(model, tokenizer, env_name=cfg.env, response_tokens=cfg.response_tokens, tip_tokens=cfg.tip_tokens,
                    embedder=embedder, memory=memory, novelty=novelty, reuse_cache=cfg.reuse_cache, generator=generator,
                    memory_scope=memory_scope or cfg.memory_scope, prompt_style=cfg.prompt_style,
-                   history_turns=cfg.history_turns, think_first=cfg.think_first, action_decoding=cfg.action_decoding)
+                   history_turns=cfg.history_turns, think_first=cfg.think_first, action_decoding=cfg.action_decoding,
+                   engine=_vllm_engine(cfg, tokenizer) if cfg.rollout_engine == "vllm" else None)
 
     def scope(self, task: str, variation: int) -> str:
         return f"{task}:{variation}" if self.memory_scope == "variation" else task
@@ -195,8 +199,11 @@ class Roller:
         self.model.eval()
         # A single-turn prompt is rewritten every step, so there is no cache to keep.
         reuse_cache = self.reuse_cache and self.prompt_style == "chat"
-        generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=reuse_cache,
-                                   temperature=temperature, generator=self.generator, in_place=self.in_place_cache)
+        if self.engine is not None:
+            generator = self.engine.generator(self.model, n, temperature=temperature)
+        else:
+            generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=reuse_cache,
+                                       temperature=temperature, generator=self.generator, in_place=self.in_place_cache)
         self.last_generator = generator
         needs_memory = any(mode != PLAIN for mode in modes)
         if needs_memory and (self.memory is None or self.embedder is None):
@@ -227,7 +234,7 @@ class Roller:
             tips = self._retrieve(episode, embeddings, i)
             task_descriptions.append(infos[i].get("task_description", ""))
             if self.prompt_style == "chat":
-                text = first_turn(self.env_name, task_descriptions[i], observations[i], infos[i])
+                text = envs[i].first_turn_text(task_descriptions[i], observations[i], infos[i])
                 episode.messages = [Message("system", SYSTEM_PROMPT), Message("user", text, tips=_block(tips))]
             else:
                 text = single_turn_prompt(task_descriptions[i], 1, [], observations[i], infos[i],
@@ -303,7 +310,7 @@ class Roller:
                     continue
                 tips = self._retrieve(episode, embeddings, i)
                 if self.prompt_style == "chat":
-                    text = next_turn(self.env_name, results[i].observation, results[i].info, step + 1, max_steps)
+                    text = envs[i].next_turn_text(results[i].observation, results[i].info, step + 1, max_steps)
                     episode.messages.append(Message("user", text, tips=_block(tips)))
                 else:
                     recent = histories[i][-self.history_turns :] if self.history_turns else []
@@ -372,6 +379,12 @@ class Roller:
             added = self.memory.add_many(np.stack(keys), contents, scores, scopes)
         self.timer.memory += time.perf_counter() - start
         return added
+
+
+def _vllm_engine(cfg, tokenizer):
+    from empo2.vllm_engine import VLLMEngine
+
+    return VLLMEngine.from_config(cfg, tokenizer)
 
 
 def call_each(envs, calls: list[tuple], *, parallel: bool = True) -> list:

@@ -263,6 +263,8 @@ class Trainer:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+        if self.roller.engine is not None:
+            self.roller.engine.close()
 
     def __enter__(self):
         return self

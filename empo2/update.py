@@ -53,6 +53,10 @@ class TokenBatch:
             old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
         )
 
+    def to(self, device) -> TokenBatch:
+        return TokenBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                             for f in fields(self)})
+
     def __getitem__(self, piece: slice) -> TokenBatch:
         return TokenBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[piece]
                              for f in fields(self)})
@@ -99,6 +103,7 @@ class PolicyUpdate:
         self.rng = rng
         """The trainer's generator: mini-batch orders are drawn from it (a resumed run draws the same)."""
         self.precision = precision
+        self.device = next(model.parameters()).device
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr)
         self.loss = HybridLoss(cfg)
@@ -137,7 +142,7 @@ class PolicyUpdate:
                     with self.reference_policy():
                         ref = self.logprobs(episode, episode.trained_with_tips)  # (T_i,)
                     tokens_read += read(episode, episode.trained_with_tips)
-                batches[i] = TokenBatch.of(episode, advantages[i], old, ref)
+                batches[i] = TokenBatch.of(episode, advantages[i], old, ref).to(self.device)
 
         # 2. clipped updates, each mode scored in its own context
         self.model.train()

@@ -55,6 +55,12 @@ class TextEnv(Protocol):
     def step(self, text: str) -> StepResult:
         """Snap free text to a valid action, execute it, return the outcome."""
 
+    def first_turn_text(self, task_description: str, observation: str, info: dict) -> str:
+        """The agent's first user turn (chat prompts): the task, how to act here, the first observation."""
+
+    def next_turn_text(self, observation: str, info: dict, step: int, max_steps: int) -> str:
+        """A later user turn: what the last action did, and what this environment lists each step."""
+
     def close(self) -> None:
         """Free every resource (processes, files). Safe to call twice."""
 

@@ -55,6 +55,7 @@ from py4j.protocol import Py4JError
 from scienceworld import ScienceWorldEnv
 
 from empo2.envs.base import StepResult, snap_action, words, jaccard
+from empo2.prompts import first_turn, next_turn
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,15 @@ _STEP_LIMIT_OFF = 10**9  # ScienceWorldEnv's own step limit, disabled: we count 
 def list_tasks() -> list[str]:
     """The 30 ScienceWorld task names (no JVM needed)."""
     return list(TASK_NAMES)
+
+
+ACTION_TEMPLATES = (
+    "look around; look at OBJ; look in OBJ; go to LOCATION; open OBJ; close OBJ; "
+    "pick up OBJ; put down OBJ; move OBJ to OBJ; pour OBJ into OBJ; mix OBJ; "
+    "activate OBJ; deactivate OBJ; connect OBJ to OBJ; disconnect OBJ; use OBJ on OBJ; "
+    "read OBJ; wait; focus on OBJ"
+)
+"""The action syntax the first turn teaches (ScienceWorld's templates, in words)."""
 
 
 def default_max_steps(task: str) -> int:
@@ -573,6 +583,18 @@ class ScienceWorldTask:
             "env_restarted": False,
         }
         return observation, info
+
+    def first_turn_text(self, task_description: str, observation: str, info: dict) -> str:
+        """The task, the action syntax, the one rule that ends episodes early (`focus on`), the inventory."""
+        task = task_description.strip().removeprefix("Task Description:").strip()
+        return first_turn(task, observation, (
+            f"Actions you can use (OBJ and LOCATION are names from the observation): {ACTION_TEMPLATES}.\n"
+            "In a room you have not seen yet, 'look around' first. Only 'focus on' the object the task "
+            "names: focusing on anything else fails the task.\n"
+            f"Inventory: {info.get('inventory', '').strip() or 'nothing'}\n"))
+
+    def next_turn_text(self, observation: str, info: dict, step: int, max_steps: int) -> str:
+        return next_turn(observation, step, max_steps)
 
     def reset(self, variation: int) -> tuple[str, dict]:
         """Load `variation` of the task and start an episode (observation = look around)."""

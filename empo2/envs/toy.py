@@ -11,6 +11,7 @@ for focusing on the target (done), -100 for focusing on anything else (done).
 from __future__ import annotations
 
 from empo2.envs.base import StepResult, snap_action
+from empo2.prompts import first_turn, next_turn
 
 _OBJECTS = ["apple", "battery", "red light bulb", "thermometer", "blue paint", "seed"]
 
@@ -47,6 +48,12 @@ class CorridorEnv:
             "state_text": self._describe(),
             **extra,
         }
+
+    def first_turn_text(self, task_description: str, observation: str, info: dict) -> str:
+        return first_turn(task_description, observation)
+
+    def next_turn_text(self, observation: str, info: dict, step: int, max_steps: int) -> str:
+        return next_turn(observation, step, max_steps)
 
     def reset(self, variation: int) -> tuple[str, dict]:
         if variation not in self.train_variations + self.test_variations:

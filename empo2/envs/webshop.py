@@ -98,6 +98,7 @@ from bm25s.stopwords import STOPWORDS_EN
 
 from empo2.envs.base import StepResult, snap_action
 from empo2.envs.webshop_reward import webshop_reward
+from empo2.prompts import next_turn
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "webshop"
 """Where the shipped WebShop data lives (the repository's ``data/webshop``)."""
@@ -622,6 +623,19 @@ class WebShopEnv:
     @property
     def n_goals(self) -> int:
         return len(self.goals)
+
+    def first_turn_text(self, task_description: str, observation: str, info: dict) -> str:
+        """The goal, the two action forms, the page, and the page's admissible actions."""
+        return (
+            f"Task: {task_description}\n"
+            "Actions: search[your query] on the search page, click[button] for a button shown in brackets.\n"
+            f"Observation: {observation.strip()}\n"
+            f"Admissible actions: {', '.join(info.get('valid_actions', []))}\n"
+            "Your action:"
+        )
+
+    def next_turn_text(self, observation: str, info: dict, step: int, max_steps: int) -> str:
+        return next_turn(observation, step, max_steps, f"Admissible actions: {', '.join(info.get('valid_actions', []))}\n")
 
     def reset(self, variation: int) -> tuple[str, dict]:
         n = len(self.goals)

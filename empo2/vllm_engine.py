@@ -1,0 +1,510 @@
+"""Group rollouts on a vLLM engine: the `GroupGenerator` interface, for GPUs.
+
+Not yet run: written against vLLM's documented API (versions 0.10.1 to 0.33: `LLM`,
+`SamplingParams`, token-id prompts, `LoRARequest`, `StructuredOutputsParams` /
+`GuidedDecodingParams`, the engine's `logprobs_mode`). No machine this project has used had
+vLLM; tests/test_vllm_engine.py tests our side (sampling settings, output conversion, the
+constrained-decoding loop against a stand-in engine, adapter versions), not vLLM.
+`python -m empo2.vllm_engine` compares vLLM's log-probs with the policy's own on a GPU.
+
+    engine = VLLMEngine.from_config(cfg, tokenizer)
+    generator = engine.generator(model, num_slots=8, temperature=1.0)   # publishes the adapter if it changed
+    responses = generator.generate({slot: prompt_ids, ...}, 32, constraints)  # as GroupGenerator.generate
+
+What matches the transformers generator (`empo2.generation`):
+
+- One distribution. Requests set the temperature T and switch off everything else (top-p 1,
+  top-k off, min-p 0, no penalties), and the engine is built with
+  `logprobs_mode="processed_logprobs"`: the log-prob vLLM returns for a sampled token is then
+  log softmax(mask(logits) / T), the same distribution `empo2.logprobs` scores (logits / T,
+  renormalised over the allowed tokens). vLLM's default, `raw_logprobs`, is of the logits before
+  temperature and before `allowed_token_ids`. `generation_config="vllm"` keeps the model
+  folder's sampling defaults (Qwen2.5's top-p 0.8, top-k 20, repetition penalty 1.05) and extra
+  end tokens out; the only stop token is the tokenizer's end-of-turn token, as in GroupGenerator.
+  The trainer recomputes θ_old's log-probs itself, so vLLM's (bf16 kernels) are only recorded.
+- Conversations. Each call sends the whole conversation as token ids; the engine's prefix
+  caching (`enable_prefix_caching=True`) finds the already-computed prefix (whole KV blocks).
+- Weights. Only the LoRA adapter travels: `AdapterFolder.publish` saves the peft adapter to a
+  new folder when its weights changed and the requests carry `LoRARequest(name, new id, folder)`;
+  vLLM loads it on first use and evicts the old one. No merging. Full fine-tuning
+  (`lora_rank=0`) is refused: it would need the whole weights sent to the engine.
+- Constrained decoding (`empo2.constrained`), `constraint`:
+    tokens  exact (default). Each decision token is one request with `max_tokens=1` and
+            `allowed_token_ids` = the trie's allowed set; forced runs are appended here with
+            log-prob 0, as GroupGenerator does; a free-text argument (WebShop's `search[...]`)
+            is one request that stops at a token holding `]` or the end token. The response
+            records the trie's allowed sets, which the update scores with. Costs one engine
+            call per decision position (2-5 per action here), batched over the group.
+    choice  one request per turn: vLLM's structured outputs with the state's admissible actions
+            as the `choice` list (`StructuredOutputsParams(choice=...)` from vLLM 0.10.2,
+            `GuidedDecodingParams(choice=...)` in 0.10.1). The grammar backends allow every token
+            whose text continues an action, a wider set than the trie's own tokenisation of each
+            action (README: 62 vs 20 first tokens), so sampling differs slightly from the
+            distribution the update scores. The response is walked through the trie to record
+            its allowed sets; a response spelled with another tokenisation is re-spelled with
+            the trie's (same action text), its behaviour log-probs NaN, and counted in
+            `respelled`. States with a free-text template, or whose actions all begin with the
+            same forced tokens, use `tokens`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from empo2.constrained import _END, _FREE, ActionConstraint, Cursor
+from empo2.generation import GroupGenerator, Response
+
+MIN_VLLM = (0, 10, 1)
+"""The first vLLM with the engine argument `logprobs_mode` (processed log-probs)."""
+LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""Values vLLM accepts for `max_lora_rank`."""
+CONSTRAINTS = ("tokens", "choice")
+_INSTALL = "install the gpu extra on a CUDA machine: pip install -e '.[gpu]'"
+
+
+# ------------------------------------------------------------------ vLLM, imported lazily
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'0.10.1rc2.dev5+gabc' -> (0, 10, 1)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def import_vllm():
+    """The vllm module; a one-line ImportError naming the gpu extra when it is missing or too old."""
+    try:
+        import vllm
+    except ImportError:
+        raise ImportError(f"rollout_engine: 'vllm' needs the vllm package, which is not installed; {_INSTALL}") from None
+    if version_tuple(vllm.__version__) < MIN_VLLM:
+        raise ImportError(f"rollout_engine: 'vllm' needs vllm >= {'.'.join(map(str, MIN_VLLM))} (logprobs_mode), "
+                          f"found {vllm.__version__}; {_INSTALL}")
+    return vllm
+
+
+def choice_kwargs(sampling_module, choices: list[str]) -> dict:
+    """SamplingParams keyword arguments that restrict the output to exactly one of `choices`.
+
+    vLLM 0.10.2 renamed guided decoding to structured outputs (the old names went in 0.12):
+    `structured_outputs=StructuredOutputsParams(choice=...)`, before it
+    `guided_decoding=GuidedDecodingParams(choice=...)`, both in `vllm.sampling_params`.
+    """
+    if hasattr(sampling_module, "StructuredOutputsParams"):
+        return {"structured_outputs": sampling_module.StructuredOutputsParams(choice=list(choices))}
+    if hasattr(sampling_module, "GuidedDecodingParams"):
+        return {"guided_decoding": sampling_module.GuidedDecodingParams(choice=list(choices))}
+    raise ImportError("vllm.sampling_params has neither StructuredOutputsParams nor GuidedDecodingParams; "
+                      f"need vllm >= {'.'.join(map(str, MIN_VLLM))}")
+
+
+@dataclass
+class VLLMApi:
+    """The few vLLM names the generator uses (a stand-in in tests)."""
+
+    sampling_params: Callable[..., Any]
+    """`vllm.SamplingParams`."""
+    choice: Callable[[list[str]], dict]
+    """Choice list -> SamplingParams keyword arguments (`choice_kwargs`)."""
+
+    @classmethod
+    def load(cls) -> "VLLMApi":
+        import_vllm()
+        from vllm import SamplingParams
+        from vllm import sampling_params as module
+
+        return cls(SamplingParams, lambda choices: choice_kwargs(module, choices))
+
+
+# ------------------------------------------------------------------ settings (pure)
+def lora_rank_slot(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds an adapter of `rank`."""
+    for slot in LORA_RANK_SLOTS:
+        if slot >= rank:
+            return slot
+    raise ValueError(f"lora_rank: {rank} is not allowed with vllm; need <= {LORA_RANK_SLOTS[-1]}")
+
+
+def engine_kwargs(model_path: str, *, lora_rank: int, gpu_memory: float, seed: int) -> dict:
+    """Keyword arguments of `vllm.LLM` for a rollout engine (lora_rank 0: no adapters)."""
+    kwargs = dict(
+        model=model_path, tokenizer=model_path, dtype="bfloat16", seed=seed,
+        enable_prefix_caching=True,  # each turn resubmits the whole conversation
+        gpu_memory_utilization=gpu_memory,  # the policy and its optimiser share the GPU
+        logprobs_mode="processed_logprobs",  # log-probs after temperature and allowed-token masks
+        generation_config="vllm",  # no sampling defaults or extra end tokens from the model folder
+    )
+    if lora_rank > 0:
+        kwargs.update(enable_lora=True, max_lora_rank=lora_rank_slot(lora_rank), max_loras=1, max_cpu_loras=2)
+    return kwargs
+
+
+def sampling_kwargs(temperature: float, *, max_tokens: int, stop_ids: list[int],
+                    allowed: tuple[int, ...] | None = None, seed: int | None = None) -> dict:
+    """SamplingParams keyword arguments: plain temperature sampling, the sampled token's log-prob, token ids only.
+
+    top_k=-1 means "off" in every vLLM since 0.10 (newer ones prefer 0 but accept -1).
+    logprobs=1 returns the sampled token's log-prob (and the top-1's, ignored).
+    """
+    kwargs = dict(n=1, temperature=temperature, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0,
+                  presence_penalty=0.0, frequency_penalty=0.0, max_tokens=max_tokens, stop_token_ids=list(stop_ids),
+                  logprobs=1, detokenize=False, seed=seed)
+    if allowed is not None:
+        kwargs["allowed_token_ids"] = list(allowed)
+    return kwargs
+
+
+# ------------------------------------------------------------------ outputs (pure)
+def sampled_tokens(output) -> tuple[list[int], list[float]]:
+    """A vLLM `RequestOutput` -> (sampled token ids, each one's log-prob).
+
+    Reads the documented fields `outputs[0].token_ids` and `outputs[0].logprobs`: one dict per
+    token, token id -> `Logprob` (`.logprob`), holding the sampled token (and the top ones).
+    A stopped response's ids end with its stop token.
+    """
+    completion = output.outputs[0]
+    ids = [int(token) for token in completion.token_ids]
+    if completion.logprobs is None:
+        raise ValueError("vllm output has no logprobs; the request must set SamplingParams(logprobs=1)")
+    if len(completion.logprobs) != len(ids):
+        raise ValueError(f"vllm output has {len(completion.logprobs)} logprob entries for {len(ids)} tokens")
+    logprobs = []
+    for position, (token, entry) in enumerate(zip(ids, completion.logprobs)):
+        if token not in entry:
+            raise ValueError(f"vllm output: no log-prob for the sampled token {token} at position {position}")
+        logprobs.append(float(entry[token].logprob))
+    return ids, logprobs
+
+
+def trie_paths(constraint: ActionConstraint) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The token ids of every admissible action in the trie, and of every free-text template's prefix."""
+    fixed, templates = [], []
+    stack = [((), constraint.root)]
+    while stack:
+        prefix, node = stack.pop()
+        for key, child in node.items():
+            if key == _END:
+                fixed.append(prefix)
+            elif key == _FREE:
+                templates.append(prefix)
+            else:
+                stack.append((prefix + (key,), child))
+    return fixed, templates
+
+
+def follow_trie(constraint: ActionConstraint, tokens: list[int], logprobs: list[float]) -> Response | None:
+    """`tokens` as the trie spells them: each with the trie's allowed set, forced ones with log-prob 0.
+
+    None when the tokens leave the trie (another tokenisation of an action) or stop before an
+    action is complete. Tokens after the completing one are dropped.
+    """
+    cursor, response = constraint.cursor(), Response([], [], [])
+    for token, logprob in zip(tokens, logprobs):
+        allowed = cursor.allowed()
+        if allowed is not None and token not in allowed:
+            return None
+        forced = allowed is not None and len(allowed) == 1
+        response.append(token, 0.0 if forced else logprob, allowed)
+        cursor.advance(token)
+        if cursor.done:
+            return response
+    return None
+
+
+# ------------------------------------------------------------------ the generator
+@dataclass
+class _Request:
+    """One engine request of one slot: what it asks for and how its answer is taken."""
+
+    kind: str
+    """free (no constraint), token (one decision token), text (a free-text argument), choice (a whole action)."""
+    prompt: dict
+    params: Any
+    allowed: tuple[int, ...] | None = None
+
+
+class VLLMGenerator:
+    """Samples one response per requested slot on a vLLM engine; `generate` as `GroupGenerator.generate`."""
+
+    def __init__(self, llm, tokenizer, num_slots: int, *, temperature: float = 1.0, lora_request=None,
+                 constraint: str = "tokens", rng: np.random.Generator | None = None, api: VLLMApi | None = None):
+        if constraint not in CONSTRAINTS:
+            raise ValueError(f"vllm_constraint: {constraint!r} is not allowed; choose one of {', '.join(CONSTRAINTS)}")
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.stop_id = tokenizer.eos_token_id
+        self.slots = set(range(num_slots))
+        self.temperature = temperature
+        self.lora_request = lora_request
+        self.constraint = constraint
+        self.rng = rng
+        """Draws one seed per request (None: vLLM's own randomness)."""
+        self.api = api or VLLMApi.load()
+        self.engine_calls = 0
+        self.requests = 0
+        self.respelled = 0
+        """choice: responses spelled with another tokenisation than the trie's, re-spelled (see module doc)."""
+        self._choices: dict[int, tuple[ActionConstraint, list[str] | None, int]] = {}
+
+    def generate(self, prompts: dict[int, list[int]], max_new_tokens: dict[int, int] | int,
+                 constraints: dict[int, ActionConstraint] | None = None) -> dict[int, Response]:
+        """Sample a response for each slot in `prompts` (slot -> full prompt ids); see GroupGenerator.generate."""
+        unknown = set(prompts) - self.slots
+        if unknown:
+            raise ValueError(f"generate: slots {sorted(unknown)} do not exist (this generator has {len(self.slots)})")
+        if isinstance(max_new_tokens, int):
+            max_new_tokens = {slot: max_new_tokens for slot in prompts}
+        constraints = constraints or {}
+        cursors = {slot: constraints[slot].cursor() for slot in prompts if slot in constraints}
+        responses = {slot: Response([], [], [] if slot in cursors else None) for slot in prompts}
+        active = [slot for slot in sorted(prompts) if not GroupGenerator._append_forced(responses[slot], cursors.get(slot))]
+        while active:
+            requests = [self._request(prompts[slot], responses[slot], cursors.get(slot), constraints.get(slot),
+                                      max_new_tokens[slot]) for slot in active]
+            outputs = self.llm.generate([r.prompt for r in requests], [r.params for r in requests],
+                                        use_tqdm=False, lora_request=self.lora_request)
+            self.engine_calls += 1
+            self.requests += len(requests)
+            still = []
+            for slot, request, output in zip(active, requests, outputs):
+                tokens, logprobs = sampled_tokens(output)
+                if request.kind == "choice":
+                    responses[slot] = self._take_choice(constraints[slot], tokens, logprobs)
+                    continue
+                if not self._take(request, responses[slot], cursors.get(slot), tokens, logprobs):
+                    still.append(slot)
+            active = still
+        return responses
+
+    def _seed(self) -> int | None:
+        return None if self.rng is None else int(self.rng.integers(2**31 - 1))
+
+    def _params(self, max_tokens: int, stop_ids: list[int], allowed=None, extra: dict | None = None):
+        kwargs = sampling_kwargs(self.temperature, max_tokens=max_tokens, stop_ids=stop_ids, allowed=allowed,
+                                 seed=self._seed())
+        return self.api.sampling_params(**kwargs, **(extra or {}))
+
+    def _request(self, prompt: list[int], response: Response, cursor: Cursor | None,
+                 constraint: ActionConstraint | None, budget: int) -> _Request:
+        context = {"prompt_token_ids": prompt + response.ids}  # a TokensPrompt (a TypedDict)
+        if cursor is None:
+            return _Request("free", context, self._params(budget, [self.stop_id]))
+        if self.constraint == "choice" and not response.ids:
+            choices, longest = self._choice_list(constraint)
+            if choices is not None:  # room for other tokenisations of the longest action, and the end token
+                return _Request("choice", context, self._params(4 * (longest + 1), [self.stop_id],
+                                                                extra=self.api.choice(choices)))
+        allowed = cursor.allowed()
+        if allowed is None:  # inside a free-text argument: up to its closing token, end token or budget
+            left = constraint.free_text_tokens - cursor.free_tokens
+            stops = [constraint.end_id, *sorted(constraint.closing_ids)]
+            return _Request("text", context, self._params(left, stops))
+        return _Request("token", context, self._params(1, [self.stop_id], allowed=allowed), allowed)
+
+    @staticmethod
+    def _take(request: _Request, response: Response, cursor: Cursor | None, tokens: list[int],
+              logprobs: list[float]) -> bool:
+        """Append a free, token or text request's answer; True when the response is complete."""
+        if cursor is None:
+            for token, logprob in zip(tokens, logprobs):
+                response.append(token, logprob, None)
+            return True
+        for token, logprob in zip(tokens, logprobs):
+            if request.allowed is not None and token not in request.allowed:
+                raise ValueError(f"vllm sampled token {token}, which allowed_token_ids did not allow")
+            response.append(token, logprob, request.allowed)
+            cursor.advance(token)
+            if cursor.done:
+                return True
+        return GroupGenerator._append_forced(response, cursor)
+
+    def _choice_list(self, constraint: ActionConstraint) -> tuple[list[str] | None, int]:
+        """The action strings of a constraint and its longest action in tokens (None: it has free-text templates)."""
+        cached = self._choices.get(id(constraint))
+        if cached is None or cached[0] is not constraint:
+            fixed, templates = trie_paths(constraint)
+            choices = None if templates else [self.tokenizer.decode(ids) for ids in fixed]
+            cached = self._choices[id(constraint)] = (constraint, choices, max(map(len, fixed), default=0))
+        return cached[1], cached[2]
+
+    def _take_choice(self, constraint: ActionConstraint, tokens: list[int], logprobs: list[float]) -> Response:
+        """A whole-action answer as the trie spells it; another spelling of the same action is re-spelled."""
+        response = follow_trie(constraint, tokens, logprobs)
+        if response is not None:
+            return response
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [constraint.end_id]
+        response = follow_trie(constraint, ids, [math.nan] * len(ids))
+        if response is None:
+            raise ValueError(f"vllm choice decoding returned {text!r}, which is no admissible action")
+        self.respelled += 1
+        return response
+
+
+# ------------------------------------------------------------------ adapter versions
+def adapter_fingerprint(model) -> str:
+    """A digest of the LoRA weights (parameters named `lora_`), to publish a new version only when they change."""
+    digest = hashlib.blake2b(digest_size=16)
+    count = 0
+    for name, parameter in model.named_parameters():
+        if "lora_" in name:
+            digest.update(name.encode())
+            digest.update(parameter.detach().float().cpu().numpy().tobytes())
+            count += 1
+    if not count:
+        raise ValueError("adapter_fingerprint: the model has no LoRA parameters (lora_rank 0?)")
+    return digest.hexdigest()
+
+
+@dataclass
+class AdapterVersion:
+    """One published adapter: vLLM's name and integer id for it, and its folder."""
+
+    name: str
+    id: int
+    path: Path
+    fingerprint: str = field(repr=False)
+
+
+class AdapterFolder:
+    """Versions of the policy's LoRA adapter on disk, for vLLM to load by a new id each time it changes.
+
+    `publish(model)` saves the peft adapter (adapter_config.json + adapter_model.safetensors)
+    to `root/v00001`, `root/v00002`, ... when its weights differ from the last version's, and
+    keeps only the `keep` newest folders. Ids start at 1 (vLLM needs a positive id).
+    """
+
+    def __init__(self, root: str | Path, keep: int = 2):
+        if keep < 1:
+            raise ValueError(f"keep: {keep} is not allowed; need an integer >= 1")
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.keep = keep
+        self.current: AdapterVersion | None = None
+
+    def publish(self, model) -> AdapterVersion:
+        """The adapter version of `model`'s current weights (saved now if they changed)."""
+        fingerprint = adapter_fingerprint(model)
+        if self.current is not None and self.current.fingerprint == fingerprint:
+            return self.current
+        number = 1 if self.current is None else self.current.id + 1
+        path = self.root / f"v{number:05d}"
+        model.save_pretrained(str(path))
+        self.current = AdapterVersion(f"policy-v{number}", number, path, fingerprint)
+        for old in sorted(self.root.glob("v*"))[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.current
+
+
+# ------------------------------------------------------------------ the engine of a run
+class VLLMEngine:
+    """One vLLM engine per run (the base model, prefix caching, adapters by version); `generator()` per group."""
+
+    def __init__(self, llm, tokenizer, *, adapters: AdapterFolder | None = None, constraint: str = "tokens",
+                 seed: int = 0, api: VLLMApi | None = None, lora_request_class=None):
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.adapters = adapters
+        self.constraint = constraint
+        self.rng = np.random.default_rng(seed)
+        self.api = api
+        self._lora_request_class = lora_request_class
+
+    @classmethod
+    def from_config(cls, cfg, tokenizer) -> "VLLMEngine":
+        """The engine an `EMPO2Config` describes (`vllm_gpu_memory`, `vllm_constraint`; LoRA when it trains)."""
+        if cfg.trains_weights and cfg.lora_rank == 0:
+            raise ValueError("rollout_engine: 'vllm' needs lora_rank > 0 when training (only the adapter is sent "
+                             "to the engine); use rollout_engine 'transformers' for full fine-tuning")
+        constraint = getattr(cfg, "vllm_constraint", "tokens")
+        if constraint not in CONSTRAINTS:
+            raise ValueError(f"vllm_constraint: {constraint!r} is not allowed; choose one of {', '.join(CONSTRAINTS)}")
+        vllm = import_vllm()
+        from vllm.lora.request import LoRARequest
+
+        from empo2.models import resolve_policy_path
+
+        lora_rank = cfg.lora_rank if cfg.trains_weights else 0
+        llm = vllm.LLM(**engine_kwargs(resolve_policy_path(cfg.model), lora_rank=lora_rank,
+                                       gpu_memory=getattr(cfg, "vllm_gpu_memory", 0.35), seed=cfg.seed))
+        adapters = AdapterFolder(tempfile.mkdtemp(prefix="empo2-adapters-")) if lora_rank else None
+        return cls(llm, tokenizer, adapters=adapters, constraint=constraint, seed=cfg.seed,
+                   api=VLLMApi.load(), lora_request_class=LoRARequest)
+
+    def lora_request(self, model):
+        """The LoRARequest of `model`'s current adapter (published if it changed); None without adapters."""
+        if self.adapters is None:
+            return None
+        version = self.adapters.publish(model)
+        return self._lora_request_class(version.name, version.id, str(version.path))
+
+    def generator(self, model, num_slots: int, *, temperature: float) -> VLLMGenerator:
+        """A generator for one group, sampling from `model`'s current adapter."""
+        return VLLMGenerator(self.llm, self.tokenizer, num_slots, temperature=temperature,
+                             lora_request=self.lora_request(model), constraint=self.constraint, rng=self.rng,
+                             api=self.api)
+
+    def close(self) -> None:
+        if self.adapters is not None:
+            shutil.rmtree(self.adapters.root, ignore_errors=True)
+        self.llm = None
+
+
+# ------------------------------------------------------------------ a check on a GPU with vLLM
+def main() -> int:
+    """Sample one corridor group with vLLM (both constraint ways, and free text), score the samples with the
+    policy itself, and print the largest log-prob gap over decision tokens. Needs vllm and a GPU."""
+    import torch
+
+    from empo2.chat import ChatFormat, Message
+    from empo2.config import EMPO2Config
+    from empo2.constrained import ActionEncoder
+    from empo2.envs import make_env
+    from empo2.logprobs import sequence_logprobs
+    from empo2.models import load_policy
+    from empo2.prompts import SYSTEM_PROMPT
+
+    cfg = EMPO2Config.from_profile("ci", env="corridor", method="grpo", device="cuda")
+    model, tokenizer = load_policy(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                                   lora_target_modules=cfg.lora_target_modules, device=cfg.device)
+    model.eval()
+    env = make_env("corridor")
+    observation, info = env.reset(env.train_variations[0])
+    messages = [Message("system", SYSTEM_PROMPT),
+                Message("user", env.first_turn_text(info["task_description"], observation, info))]
+    prompt = ChatFormat(tokenizer).render(messages, add_generation_prompt=True).ids()
+    constraint = ActionEncoder(tokenizer).constraint(info["valid_actions"], cfg.response_tokens)
+    engine = VLLMEngine.from_config(cfg, tokenizer)
+    worst = 0.0
+    for way, constraints in (("tokens", constraint), ("choice", constraint), ("free", None)):
+        engine.constraint = "choice" if way == "choice" else "tokens"
+        generator = engine.generator(model, 8, temperature=cfg.temperature)
+        responses = generator.generate({slot: prompt for slot in range(8)}, cfg.response_tokens,
+                                       None if constraints is None else {slot: constraints for slot in range(8)})
+        gap = 0.0
+        for response in responses.values():
+            span = [(len(prompt), len(prompt) + len(response.ids))]
+            with torch.no_grad():
+                ours = sequence_logprobs(model, prompt + response.ids, span, temperature=cfg.temperature,
+                                         allowed=response.allowed).float().cpu()
+            theirs = torch.tensor(response.logprobs)
+            decided = ~torch.isnan(theirs)
+            if decided.any():
+                gap = max(gap, float((ours[decided] - theirs[decided]).abs().max()))
+        texts = sorted({tokenizer.decode(r.ids, skip_special_tokens=True) for r in responses.values()})
+        print(f"vllm {way:6s}: max |log-prob gap| {gap:.4f} over decision tokens, {generator.engine_calls} engine "
+              f"calls, {generator.respelled} re-spelled; sampled {texts[:4]}")
+        worst = max(worst, gap)
+    engine.close()
+    print(f"vllm check: largest gap {worst:.4f} ({'PASSED' if worst < 0.1 else 'FAILED'}: bf16 engine vs policy, bound 0.1)")
+    return 0 if worst < 0.1 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

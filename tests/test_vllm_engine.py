@@ -1,0 +1,357 @@
+"""The vLLM rollout backend, without vLLM: our side of it.
+
+vLLM cannot be installed on these machines, so these tests check only our code: the
+sampling and engine settings we pass, the conversion of vLLM-shaped outputs (the documented
+`outputs[0].token_ids` / `outputs[0].logprobs` fields) into `Response`s, the constrained
+decoding loop driven by a stand-in engine that honours `max_tokens`, `stop_token_ids` and
+`allowed_token_ids` as documented, and the adapter versions. Whether vLLM itself samples and
+scores as its documentation says is checked on a GPU by `python -m empo2.vllm_engine`.
+"""
+
+import json
+import math
+import sys
+from collections import namedtuple
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import empo2.vllm_engine as ve
+from empo2.config import EMPO2Config
+from empo2.constrained import ActionEncoder, action_text
+from empo2.models import load_tokenizer
+
+ACTIONS = ["look around", "go east", "go west", "focus on apple", "focus on red light bulb",
+           "open door to kitchen", "open door to hallway"]
+WEBSHOP = ["search[...]", "click[back to search]", "click[buy now]"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+def ids_of(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+# ------------------------------------------------------------------ a stand-in engine
+class Params:
+    """Stands in for vllm.SamplingParams: keeps its keyword arguments."""
+
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+class Choice:
+    """Stands in for StructuredOutputsParams / GuidedDecodingParams."""
+
+    def __init__(self, choice):
+        self.choice = choice
+
+
+API = ve.VLLMApi(Params, lambda choices: {"structured_outputs": Choice(choices)})
+Logprob = namedtuple("Logprob", "logprob")
+
+
+def output(tokens, logprobs, top=None):
+    """A RequestOutput as documented: outputs[0].token_ids, outputs[0].logprobs (dicts id -> Logprob)."""
+    entries = [{token: Logprob(lp), **({top: Logprob(-0.01)} if top is not None else {})}
+               for token, lp in zip(tokens, logprobs)]
+    return SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, logprobs=entries, finish_reason="stop")])
+
+
+class FakeLLM:
+    """Answers LLM.generate(prompts, params, use_tqdm, lora_request) with what `want(slot, context)` wants next,
+    cut as vLLM's documented request fields cut it: at the first stop token (kept) or `max_tokens`;
+    a first token outside `allowed_token_ids` is an error (the engine could not sample it).
+    Each token's log-prob is -(its position in the response + 1) / 10, so positions can be told apart."""
+
+    def __init__(self, prompts, want):
+        self.prompts, self.want, self.calls = prompts, want, []
+
+    def generate(self, prompts, params, use_tqdm=True, lora_request=None):
+        assert use_tqdm is False
+        self.calls.append((prompts, params, lora_request))
+        outputs = []
+        for prompt, p in zip(prompts, params):
+            context = prompt["prompt_token_ids"]
+            slot = next(s for s, ids in self.prompts.items() if context[: len(ids)] == ids)
+            done = len(context) - len(self.prompts[slot])
+            tokens = []
+            for token in self.want(slot, p)[done:]:
+                tokens.append(token)
+                if token in p.stop_token_ids or len(tokens) == p.max_tokens:
+                    break
+            allowed = getattr(p, "allowed_token_ids", None)
+            assert allowed is None or tokens[0] in allowed, f"{tokens[0]} is not in allowed_token_ids"
+            outputs.append(output(tokens, [-(done + k + 1) / 10 for k in range(len(tokens))]))
+        return outputs
+
+
+# ------------------------------------------------------------------ imports and settings
+def test_module_imports_without_vllm_and_missing_vllm_is_one_clear_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    with pytest.raises(ImportError) as error:
+        ve.import_vllm()
+    message = str(error.value)
+    assert "\n" not in message and "gpu" in message and "vllm" in message
+    with pytest.raises(ImportError, match="gpu"):
+        ve.VLLMGenerator(object(), SimpleNamespace(eos_token_id=0), 2)  # no api given: loads vLLM
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.9.2"))
+    with pytest.raises(ImportError, match=r"vllm >= 0\.10\.1.*found 0\.9\.2"):
+        ve.import_vllm()
+    assert ve.version_tuple("0.10.1rc2.dev5+gabc") == (0, 10, 1) and ve.version_tuple("0.33.0") == (0, 33, 0)
+
+
+def test_choice_params_follow_the_vllm_version():
+    class New:
+        def __init__(self, choice):
+            self.choice = choice
+
+    new = ve.choice_kwargs(SimpleNamespace(StructuredOutputsParams=New), ["a", "b"])
+    assert list(new) == ["structured_outputs"] and new["structured_outputs"].choice == ["a", "b"]
+    old = ve.choice_kwargs(SimpleNamespace(GuidedDecodingParams=New), ("a",))
+    assert list(old) == ["guided_decoding"] and old["guided_decoding"].choice == ["a"]
+    both = ve.choice_kwargs(SimpleNamespace(StructuredOutputsParams=New, GuidedDecodingParams=None), ["a"])
+    assert list(both) == ["structured_outputs"]  # 0.10.2-0.11 have both; the new name wins
+    with pytest.raises(ImportError, match="StructuredOutputsParams"):
+        ve.choice_kwargs(SimpleNamespace(), ["a"])
+
+
+def test_sampling_and_engine_settings_match_the_trainers_distribution():
+    kwargs = ve.sampling_kwargs(0.7, max_tokens=5, stop_ids=[2], allowed=(4, 9), seed=3)
+    assert kwargs["temperature"] == 0.7 and kwargs["top_p"] == 1.0 and kwargs["top_k"] == -1
+    assert kwargs["min_p"] == 0.0 and kwargs["repetition_penalty"] == 1.0
+    assert kwargs["presence_penalty"] == kwargs["frequency_penalty"] == 0.0
+    assert kwargs["logprobs"] == 1 and kwargs["allowed_token_ids"] == [4, 9] and kwargs["stop_token_ids"] == [2]
+    assert kwargs["max_tokens"] == 5 and kwargs["seed"] == 3 and kwargs["n"] == 1
+    assert "allowed_token_ids" not in ve.sampling_kwargs(1.0, max_tokens=5, stop_ids=[2])
+
+    engine = ve.engine_kwargs("/m", lora_rank=4, gpu_memory=0.3, seed=1)
+    assert engine["logprobs_mode"] == "processed_logprobs" and engine["enable_prefix_caching"] is True
+    assert engine["generation_config"] == "vllm" and engine["gpu_memory_utilization"] == 0.3
+    assert engine["enable_lora"] is True and engine["max_lora_rank"] == 8 and engine["max_loras"] == 1
+    assert "enable_lora" not in ve.engine_kwargs("/m", lora_rank=0, gpu_memory=0.3, seed=1)
+    assert [ve.lora_rank_slot(r) for r in (1, 4, 8, 9, 64, 512)] == [1, 8, 8, 16, 64, 512]
+    with pytest.raises(ValueError, match="lora_rank"):
+        ve.lora_rank_slot(1024)
+
+
+def test_from_config_refuses_full_fine_tuning_and_unknown_constraint_ways(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    full = EMPO2Config.from_profile("ci", env="corridor", method="grpo", lora_rank=0)
+    with pytest.raises(ValueError, match="lora_rank > 0"):
+        ve.VLLMEngine.from_config(full, None)
+    odd = SimpleNamespace(trains_weights=True, lora_rank=4, vllm_constraint="regex")
+    with pytest.raises(ValueError, match="vllm_constraint: 'regex' is not allowed"):
+        ve.VLLMEngine.from_config(odd, None)
+    lora = EMPO2Config.from_profile("ci", env="corridor", method="grpo")
+    with pytest.raises(ImportError, match="gpu"):
+        ve.VLLMEngine.from_config(lora, None)
+
+
+# ------------------------------------------------------------------ output conversion
+def test_sampled_tokens_reads_the_sampled_tokens_logprob_not_the_top_ones():
+    tokens, logprobs = ve.sampled_tokens(output([5, 7, 2], [-0.5, -1.5, 0.0], top=99))
+    assert tokens == [5, 7, 2] and logprobs == [-0.5, -1.5, 0.0]
+    no_logprobs = SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5], logprobs=None)])
+    with pytest.raises(ValueError, match="logprobs=1"):
+        ve.sampled_tokens(no_logprobs)
+    short = output([5, 7], [-0.5, -1.5])
+    short.outputs[0].logprobs.pop()
+    with pytest.raises(ValueError, match="1 logprob entries for 2 tokens"):
+        ve.sampled_tokens(short)
+    wrong = output([5], [-0.5])
+    wrong.outputs[0].logprobs[0] = {6: Logprob(-0.1)}
+    with pytest.raises(ValueError, match="sampled token 5 at position 0"):
+        ve.sampled_tokens(wrong)
+
+
+def test_trie_paths_give_back_the_action_strings(tok):
+    encoder = ActionEncoder(tok)
+    fixed, templates = ve.trie_paths(encoder.constraint(ACTIONS))
+    assert sorted(tok.decode(ids) for ids in fixed) == sorted(ACTIONS) and templates == []
+    fixed, templates = ve.trie_paths(encoder.constraint(WEBSHOP))
+    assert sorted(tok.decode(ids) for ids in fixed) == ["click[back to search]", "click[buy now]"]
+    assert [tok.decode(ids) for ids in templates] == ["search["]
+
+
+def test_follow_trie_records_the_tries_sets_and_zero_for_forced_tokens(tok):
+    encoder = ActionEncoder(tok)
+    constraint = encoder.constraint(ACTIONS)
+    ids = ids_of(tok, "open door to kitchen") + [tok.eos_token_id, 123]  # a token after the end is dropped
+    response = ve.follow_trie(constraint, ids, [-0.3] * len(ids))
+    cursor = constraint.cursor()
+    for token, logprob, allowed in zip(response.ids, response.logprobs, response.allowed):
+        assert allowed == cursor.allowed()
+        assert logprob == (0.0 if len(allowed) == 1 else -0.3)
+        cursor.advance(token)
+    assert cursor.done and response.ids == ids[:-1]
+    other_spelling = [tok.convert_tokens_to_ids(c) for c in "go"] + ids_of(tok, " east") + [tok.eos_token_id]
+    assert ids_of(tok, "go east")[0] not in other_spelling[:1]  # really another tokenisation
+    assert ve.follow_trie(constraint, other_spelling, [-0.1] * len(other_spelling)) is None
+    assert ve.follow_trie(constraint, ids_of(tok, "open door"), [-0.1] * 2) is None  # incomplete
+
+
+# ------------------------------------------------------------------ the generation loop
+def test_tokens_mode_asks_one_allowed_set_per_decision_and_appends_forced_runs(tok):
+    encoder = ActionEncoder(tok)
+    constraint = encoder.constraint(ACTIONS)
+    prompts = {0: [1, 2, 3], 1: [4, 5, 6, 7], 2: [8]}  # no prompt starts another (the stand-in tells slots apart)
+    targets = {0: "open door to hallway", 1: "go west", 2: "focus on red light bulb"}
+    want = {slot: ids_of(tok, text) + [tok.eos_token_id] for slot, text in targets.items()}
+    llm = FakeLLM(prompts, lambda slot, params: want[slot])
+    generator = ve.VLLMGenerator(llm, tok, 3, temperature=0.6, lora_request="adapter", api=API)
+    responses = generator.generate(prompts, 12, {slot: constraint for slot in prompts})
+
+    for slot, response in responses.items():
+        assert response.ids == want[slot] and action_text(tok.decode(response.ids, skip_special_tokens=True)) == targets[slot]
+        reference = ve.follow_trie(constraint, response.ids, [0.0] * len(response.ids))
+        assert response.allowed == reference.allowed  # the trie's sets, which the update scores with
+        for k, (logprob, allowed) in enumerate(zip(response.logprobs, response.allowed)):
+            assert logprob == (0.0 if len(allowed) == 1 else -(k + 1) / 10)
+    decisions = {slot: sum(len(a) > 1 for a in r.allowed) for slot, r in responses.items()}
+    assert generator.engine_calls == len(llm.calls) == max(decisions.values())
+    assert generator.requests == sum(decisions.values())
+    for prompts_sent, params, lora in llm.calls:
+        assert lora == "adapter"
+        for prompt, p in zip(prompts_sent, params):
+            assert p.max_tokens == 1 and p.temperature == 0.6 and p.logprobs == 1 and p.allowed_token_ids
+            slot = next(s for s, ids in prompts.items() if prompt["prompt_token_ids"][: len(ids)] == ids)
+            sent = prompt["prompt_token_ids"][len(prompts[slot]):]
+            assert sent == want[slot][: len(sent)]  # the whole conversation so far, response included
+            assert set(p.allowed_token_ids) == set(responses[slot].allowed[len(sent)])
+
+
+def test_free_text_response_ends_at_the_end_token_or_the_budget(tok):
+    prompts = {0: [1, 2], 1: [3]}
+    text = ids_of(tok, "The bulb is in the workshop.")
+    llm = FakeLLM(prompts, lambda slot, params: text + [tok.eos_token_id] + ids_of(tok, " more"))
+    generator = ve.VLLMGenerator(llm, tok, 2, api=API)
+    responses = generator.generate(prompts, {0: 50, 1: 3})
+    assert responses[0].ids == text + [tok.eos_token_id] and responses[0].allowed is None
+    assert responses[1].ids == text[:3]
+    assert responses[0].logprobs == [-(k + 1) / 10 for k in range(len(text) + 1)]
+    assert len(llm.calls) == 1 and {p.max_tokens for p in llm.calls[0][1]} == {50, 3}
+    assert all(p.stop_token_ids == [tok.eos_token_id] for p in llm.calls[0][1])
+    with pytest.raises(ValueError, match="slots \\[5\\] do not exist"):
+        generator.generate({5: [1]}, 4)
+
+
+def test_template_argument_is_one_request_up_to_its_closing_token(tok):
+    encoder = ActionEncoder(tok)
+    constraint = encoder.constraint(WEBSHOP, free_text_tokens=8)
+    prompts = {0: [1, 2]}
+    argument = ids_of(tok, "red shoes]")
+    want = ids_of(tok, "search[") + argument + [tok.eos_token_id]
+    llm = FakeLLM(prompts, lambda slot, params: want)
+    generator = ve.VLLMGenerator(llm, tok, 1, api=API, constraint="choice")  # a template: tokens way
+    response = generator.generate(prompts, 12, {0: constraint})[0]
+    assert action_text(tok.decode(response.ids, skip_special_tokens=True)) == "search[red shoes]"
+    text_calls = [p for _, params, _ in llm.calls for p in params if getattr(p, "allowed_token_ids", None) is None]
+    assert len(text_calls) == 1 and text_calls[0].max_tokens == 8
+    assert tok.eos_token_id in text_calls[0].stop_token_ids and argument[-1] in text_calls[0].stop_token_ids
+    assert not any(hasattr(p, "structured_outputs") for _, params, _ in llm.calls for p in params)
+    prefix = len(ids_of(tok, "search["))
+    assert response.allowed[prefix:] == [None] * (len(response.ids) - prefix)  # free text: any token
+
+
+def test_choice_mode_is_one_request_and_respells_other_tokenisations(tok):
+    encoder = ActionEncoder(tok)
+    constraint = encoder.constraint(ACTIONS)
+    prompts = {0: [1], 1: [2], 2: [3]}
+    canonical = ids_of(tok, "focus on apple") + [tok.eos_token_id]
+    other = [tok.convert_tokens_to_ids(c) for c in "go"] + ids_of(tok, " east") + [tok.eos_token_id]
+    want = {0: canonical, 1: other, 2: canonical}
+    llm = FakeLLM(prompts, lambda slot, params: want[slot])
+    generator = ve.VLLMGenerator(llm, tok, 3, api=API, constraint="choice")
+    responses = generator.generate(prompts, 12, {slot: constraint for slot in prompts})
+
+    assert len(llm.calls) == 1
+    for p in llm.calls[0][1]:
+        assert sorted(p.structured_outputs.choice) == sorted(ACTIONS) and not hasattr(p, "allowed_token_ids")
+        assert p.max_tokens >= len(canonical)
+    assert responses[0].ids == canonical
+    assert responses[0].allowed == ve.follow_trie(constraint, canonical, [0.0] * len(canonical)).allowed
+    assert responses[0].logprobs == [0.0 if len(a) == 1 else -(k + 1) / 10
+                                     for k, a in enumerate(responses[0].allowed)]
+    respelled = responses[1]
+    assert respelled.ids == ids_of(tok, "go east") + [tok.eos_token_id] and generator.respelled == 1
+    assert all(lp == 0.0 if len(a) == 1 else math.isnan(lp) for lp, a in zip(respelled.logprobs, respelled.allowed))
+
+    llm = FakeLLM({0: [1]}, lambda slot, params: ids_of(tok, "go") + [tok.eos_token_id])
+    with pytest.raises(ValueError, match="'go', which is no admissible action"):
+        ve.VLLMGenerator(llm, tok, 1, api=API, constraint="choice").generate({0: [1]}, 12, {0: constraint})
+
+
+def test_a_state_with_one_action_needs_no_engine_call(tok):
+    constraint = ActionEncoder(tok).constraint(["look around"])
+    llm = FakeLLM({0: [1]}, lambda slot, params: pytest.fail("no call expected"))
+    response = ve.VLLMGenerator(llm, tok, 1, api=API).generate({0: [1]}, 12, {0: constraint})[0]
+    assert response.ids == ids_of(tok, "look around") + [tok.eos_token_id] and set(response.logprobs) == {0.0}
+    assert llm.calls == []
+
+
+def test_seeds_come_from_the_generators_rng(tok):
+    import numpy as np
+
+    prompts = {0: [1], 1: [2]}
+    draws = []
+    for _ in range(2):
+        llm = FakeLLM(prompts, lambda slot, params: [tok.eos_token_id])
+        ve.VLLMGenerator(llm, tok, 2, api=API, rng=np.random.default_rng(7)).generate(prompts, 4)
+        draws.append([p.seed for p in llm.calls[0][1]])
+    assert draws[0] == draws[1] and len(set(draws[0])) == 2 and all(isinstance(s, int) for s in draws[0])
+    llm = FakeLLM(prompts, lambda slot, params: [tok.eos_token_id])
+    ve.VLLMGenerator(llm, tok, 2, api=API).generate(prompts, 4)
+    assert {p.seed for p in llm.calls[0][1]} == {None}
+
+
+# ------------------------------------------------------------------ adapter versions
+def tiny_lora_model():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    return get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+
+
+def test_adapter_folder_publishes_a_new_id_only_when_the_weights_change(tmp_path):
+    model = tiny_lora_model()
+    folder = ve.AdapterFolder(tmp_path / "adapters", keep=2)
+    first = folder.publish(model)
+    assert (first.id, first.name) == (1, "policy-v1") and first.path == tmp_path / "adapters" / "v00001"
+    assert {p.name for p in first.path.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
+    assert json.loads((first.path / "adapter_config.json").read_text())["r"] == 4
+    assert folder.publish(model) is first  # unchanged weights: same version, nothing saved
+    lora_b = next(p for n, p in model.named_parameters() if "lora_B" in n)
+    for step in (2, 3):
+        with torch.no_grad():
+            lora_b.add_(0.01)
+        version = folder.publish(model)
+        assert version.id == step and version.path.exists()
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["v00002", "v00003"]  # keep=2
+    with pytest.raises(ValueError, match="no LoRA parameters"):
+        ve.adapter_fingerprint(torch.nn.Linear(2, 2))
+
+
+def test_engine_generators_carry_the_current_adapter(tmp_path, tok):
+    model = tiny_lora_model()
+    LoRARequest = namedtuple("LoRARequest", "lora_name lora_int_id lora_path")
+    llm = FakeLLM({0: [1]}, lambda slot, params: [tok.eos_token_id])
+    engine = ve.VLLMEngine(llm, tok, adapters=ve.AdapterFolder(tmp_path / "a"), api=API, lora_request_class=LoRARequest)
+    engine.generator(model, 1, temperature=1.0).generate({0: [1]}, 4)
+    engine.generator(model, 1, temperature=1.0).generate({0: [1]}, 4)
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if "lora_A" in n).mul_(2)
+    engine.generator(model, 1, temperature=1.0).generate({0: [1]}, 4)
+    ids = [lora.lora_int_id for _, _, lora in llm.calls]
+    assert ids == [1, 1, 2] and llm.calls[-1][2].lora_path == str(tmp_path / "a" / "v00002")
+    base = ve.VLLMEngine(llm, tok, adapters=None, api=API)
+    assert base.generator(model, 1, temperature=1.0).lora_request is None
+    engine.close()
+    assert not (tmp_path / "a").exists()
