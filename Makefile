@@ -1,16 +1,25 @@
 # Two commands do all setup on a fresh machine (see README):
 #   make run    create .venv, install everything, execute the notebook suite (reusing committed results)
-#   make test   create .venv if needed, run the test suite
+#   make test   create .venv if needed, run the test suite (installs Chromium for the browser test if missing)
+# and one opens the notebooks:
+#   make lab    JupyterLab from .venv, with the project's kernel "empo2 (.venv)" (LAB_ARGS=... for more options)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of torch; on Linux a bare `torch` from PyPI is a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PIP_EXTRA ?=
+# The browser that tests/test_browser.py drives (Playwright with the system's Chromium, never a downloaded one).
+CHROMIUM ?= /usr/bin/chromium
+export CHROMIUM
+LAB_ARGS ?=
 
-.PHONY: setup run demo test train-ci clean-venv java
+.PHONY: setup run demo test train-ci clean-venv java chromium lab
 
+# The kernel "empo2 (.venv)", a save hook for this environment's Jupyter and, in a git checkout,
+# the nbstripout filter that keeps outputs out of committed notebooks (quick and idempotent, so run each time).
 setup: $(VENV)/.installed
+	@$(BIN)/python -m empo2.lab install >/dev/null
 
 java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -22,6 +31,18 @@ java:
 	    echo "  Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless"; \
 	    echo "  macOS:         brew install openjdk@17"; \
 	    echo "  conda:         conda install -c conda-forge openjdk=17"; \
+	    exit 1; \
+	  fi; }
+
+chromium:
+	@test -x "$(CHROMIUM)" || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(CHROMIUM)" = /usr/bin/chromium ]; then \
+	    echo "Chromium is missing: installing it (tests/test_browser.py opens a notebook in JupyterLab with it)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null; \
+	  else \
+	    echo "The browser test needs Chromium at $(CHROMIUM) and none was found. Install it, then rerun:"; \
+	    echo "  Debian/Ubuntu: sudo apt-get install chromium"; \
+	    echo "  elsewhere:     install Chromium, then make test CHROMIUM=/path/to/chromium"; \
 	    exit 1; \
 	  fi; }
 
@@ -41,8 +62,12 @@ run: setup
 demo: setup
 	$(BIN)/python -m empo2 demo
 
-test: setup
+test: setup chromium
 	$(BIN)/python -m pytest -q
+
+lab: setup
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 train-ci: setup
 	$(BIN)/python -m empo2 train --profile ci --method empo2 --task power-component
