@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     resume = args.resume or args.command == "eval"
     with Trainer(cfg, resume=resume, show_progress=not args.quiet) as trainer:
         metrics = trainer.evaluate() if args.command == "eval" else trainer.train()
-        print(json.dumps(metrics, indent=2))
-        print(f"results in {trainer.run_dir}")
+        if trainer.processes.is_main:
+            print(json.dumps(metrics, indent=2))
+            print(f"results in {trainer.run_dir}")
 
 
 if __name__ == "__main__":

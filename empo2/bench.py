@@ -115,12 +115,12 @@ def iteration(args, method: str) -> tuple[dict, dict]:
             trainer.train_iteration()
             update, extra = trainer.update, {}
 
-            def timed_both_ways(episodes, advantages):
+            def timed_both_ways(episodes, advantages, decisions=None):
                 saved = ({n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad},
                          copy.deepcopy(update.optimizer.state_dict()), copy.deepcopy(trainer.rng.bit_generator.state))
                 start = time.perf_counter()
                 update.reuse_old_logprobs = False
-                plain = update(episodes, advantages)
+                plain = update(episodes, advantages, decisions)
                 extra["plain update seconds"] = time.perf_counter() - start
                 extra["plain tokens read"] = plain.get("update/tokens_read_per_trajectory_token", float("nan"))
                 named = dict(trainer.model.named_parameters())
@@ -135,7 +135,7 @@ def iteration(args, method: str) -> tuple[dict, dict]:
                 extra["tip-free tokens"] = sum(len(e.turns[-1].prompt_ids_tip_free) + len(e.turns[-1].response_ids)
                                                for e in episodes)
                 start = time.perf_counter()
-                metrics = update(episodes, advantages)  # the run continues from this one
+                metrics = update(episodes, advantages, decisions)  # the run continues from this one
                 extra["update seconds"] = time.perf_counter() - start
                 return metrics
 

@@ -14,6 +14,7 @@ extrinsic reward is still zero.
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import numpy as np
@@ -99,3 +100,28 @@ class NoveltyStore:
         else:
             self._states[scope] = np.concatenate([self._states[scope], vector[None, :]])
             self._counts[scope] = np.append(self._counts[scope], 1)
+
+
+class GroupNovelty:
+    """A copy of a novelty store for one group's rollout, recording its visits.
+
+    `replay_on(store)` then makes the same visits on the shared store, so groups played
+    apart (other processes) update it exactly as if their visits had happened there, in group order.
+    """
+
+    def __init__(self, store: NoveltyStore):
+        self.store = copy.deepcopy(store)
+        self.visits: list[tuple[np.ndarray, list[str] | None]] = []
+
+    def visit(self, embeddings: np.ndarray, scopes: Sequence[str] | None = None) -> np.ndarray:
+        self.visits.append((np.array(embeddings, dtype=np.float32), None if scopes is None else list(scopes)))
+        return self.store.visit(embeddings, scopes)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+
+def replay(visits: list[tuple[np.ndarray, list[str] | None]], store: NoveltyStore) -> None:
+    """Make recorded visits (`GroupNovelty.visits`) on `store`, in order."""
+    for embeddings, scopes in visits:
+        store.visit(embeddings, scopes)

@@ -362,10 +362,10 @@ class Roller:
             episode.tip = self.tokenizer.decode(responses[i].ids, skip_special_tokens=True).strip()
             episode.messages.pop()  # the tip prompt is not part of the trained conversation
 
-    def store_tips(self, episodes: list[Episode]) -> int:
-        """Add each episode's tip to memory, keyed by every state it acted in. Returns entries added."""
-        start = time.perf_counter()
-        keys, contents, scores, scopes = [], [], [], []  # keys: (n, dim) state embeddings
+    def tip_entries(self, episodes: list[Episode]) -> tuple[np.ndarray, list[str], list[float], list[str]] | None:
+        """Each episode's tip as memory entries, one per state it acted in: (keys (n, dim), contents, scores,
+        scopes); None when no episode wrote a tip."""
+        keys, contents, scores, scopes = [], [], [], []
         for episode in episodes:
             if not episode.tip or not episode.turns:
                 continue
@@ -374,9 +374,13 @@ class Roller:
                 contents.append(memory_content(episode.tip, turn.executed_action, episode.score))
                 scores.append(episode.score)
                 scopes.append(self.scope(episode.task, episode.variation))
-        added = 0
-        if keys:
-            added = self.memory.add_many(np.stack(keys), contents, scores, scopes)
+        return (np.stack(keys), contents, scores, scopes) if keys else None
+
+    def store_tips(self, episodes: list[Episode]) -> int:
+        """Add each episode's tip to memory, keyed by every state it acted in. Returns entries added."""
+        start = time.perf_counter()
+        entries = self.tip_entries(episodes)
+        added = self.memory.add_many(*entries) if entries else 0
         self.timer.memory += time.perf_counter() - start
         return added
 

@@ -75,12 +75,16 @@ KEEP_CHECKPOINTS = 2
 
 
 class RunFolder:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, writes: bool = True):
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
+        self.writes = writes
+        """False in every training process but the first: they read checkpoints and write nothing."""
 
     def start(self, record: dict, *, fresh: bool) -> None:
         """Create the folder and write `config.json`; a fresh run first drops any earlier rows."""
+        if not self.writes:
+            return
         self.path.mkdir(parents=True, exist_ok=True)
         if fresh:
             for name in ROW_FILES:
@@ -88,6 +92,8 @@ class RunFolder:
         (self.path / "config.json").write_text(json.dumps(record, indent=2))
 
     def append(self, name: str, rows: list[dict]) -> None:
+        if not self.writes:
+            return
         with open(self.path / name, "a") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")
@@ -119,6 +125,8 @@ class RunFolder:
 
     def drop_rows_after(self, iteration: int) -> None:
         """Forget rows of iterations after `iteration` (and a torn last line), as a resumed run must."""
+        if not self.writes:
+            return
         for name in ROW_FILES:
             file = self.path / name
             if file.exists():

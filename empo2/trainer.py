@@ -5,13 +5,17 @@ One iteration, top to bottom (`Trainer.train_iteration`):
     1. sample `groups_per_iteration` training variations of the task
     2. per variation: draw each rollout's mode (memory with prob. p; off-policy with prob. q)
        and play a group of `group_size` episodes in lock-step     (empo2.rollout)
-    3. the policy writes one tip per episode; tips go to memory      (empo2.memory)
+    3. the policy writes one tip per episode; after all groups, the tips go to memory and
+       the visited states to the novelty store, in group order      (empo2.memory, empo2.novelty)
     4. returns = final score + intrinsic novelty reward;
        GRPO advantages within each group                              (empo2.advantages)
     5. the update: θ_old log-probs with tips where shown, then `ppo_epochs`
        passes of clipped updates where each mode scores its actions in its
        own context: plain / with tips / tip-free                    (empo2.update, empo2.loss)
     6. every `eval_every` iterations: evaluate WITHOUT memory on test variations
+
+Launched as several processes (torchrun / accelerate launch), each plays its share of the groups
+and the update sums their gradients: the same run as one process (empo2.distributed).
 
 Everything a run produces lands in `results/<experiment>/<run>/` (empo2.runs):
     config.json       the config, git commit, package versions, machine
@@ -34,15 +38,16 @@ from tqdm.auto import tqdm
 
 from empo2.advantages import grpo_advantages
 from empo2.config import EMPO2Config
+from empo2.distributed import Processes, group_seed
 from empo2.envs import env_from_config
 from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, PLAIN
 from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy
-from empo2.novelty import NoveltyStore
+from empo2.novelty import GroupNovelty, NoveltyStore, replay
 from empo2.rollout import Roller, RolloutTimer, draw_modes
 from empo2.runs import RunFolder, episode_row, provenance
 from empo2.stats import bootstrap_interval
-from empo2.update import PolicyUpdate
+from empo2.update import PolicyUpdate, decision_tokens
 
 
 class Trainer:
@@ -50,8 +55,9 @@ class Trainer:
 
     def __init__(self, cfg: EMPO2Config, *, resume: bool = False, show_progress: bool = True):
         self.cfg = cfg
-        self.show_progress = show_progress
-        self.folder = RunFolder(Path(cfg.results_dir) / cfg.experiment / cfg.name)
+        self.processes = Processes(cfg.device)
+        self.show_progress = show_progress and self.processes.is_main
+        self.folder = RunFolder(Path(cfg.results_dir) / cfg.experiment / cfg.name, writes=self.processes.is_main)
         self.run_dir = self.folder.path
         self.iteration = 0
         random.seed(cfg.seed)
@@ -63,13 +69,14 @@ class Trainer:
         self.full_finetune = cfg.trains_weights and cfg.lora_rank == 0
         self.model, self.tokenizer = load_policy(
             cfg.model, lora_rank=cfg.lora_rank if cfg.trains_weights else 0, lora_alpha=cfg.lora_alpha,
-            lora_target_modules=cfg.lora_target_modules, device=cfg.device,
+            lora_target_modules=cfg.lora_target_modules, device=self.processes.device,
             # Full fine-tuning keeps float32 master weights and runs the maths in bf16 autocast.
             dtype=torch.float32 if self.full_finetune else None,
         )
         if not cfg.trains_weights:
             self.model.requires_grad_(False)
-        self.update = PolicyUpdate(self.model, cfg, self.rng, self.precision) if cfg.trains_weights else None
+        self.update = (PolicyUpdate(self.model, cfg, self.rng, self.precision, self.processes)
+                       if cfg.trains_weights else None)
 
         needs_embedder = cfg.rollout_p > 0 or cfg.writes_tips or cfg.uses_novelty
         self.embedder = Embedder(cfg.embedder) if needs_embedder else None
@@ -92,7 +99,7 @@ class Trainer:
     def precision(self):
         """bf16 autocast for full fine-tuning (float32 master weights); LoRA runs need none."""
         if self.full_finetune:
-            return torch.autocast(device_type=torch.device(self.cfg.device).type, dtype=torch.bfloat16)
+            return torch.autocast(device_type=self.processes.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ training loop
@@ -124,7 +131,7 @@ class Trainer:
             bar.close()
         if self.iteration and (not cfg.checkpoint_every or self.iteration % cfg.checkpoint_every):
             self.save_checkpoint()
-        if self.iteration == cfg.iterations and self.update:
+        if self.iteration == cfg.iterations and self.update is not None and self.processes.is_main:
             # Small (LoRA) final weights beside the results, for notebooks that reuse the trained policy.
             torch.save(self.trainable_state(), self.run_dir / "final_weights.pt")
         return last
@@ -137,49 +144,62 @@ class Trainer:
         started = time.perf_counter()
         self.roller.timer = RolloutTimer()  # per-iteration timings
 
-        # 1-3. modes, group rollouts, tips into memory
+        # 1-3. modes, group rollouts (this process's share), tips
         replace = cfg.groups_per_iteration > len(self.train_variations)
         variations = self.rng.choice(self.train_variations, size=cfg.groups_per_iteration, replace=replace)
         modes = draw_modes(cfg.group_size * cfg.groups_per_iteration, cfg.rollout_p, cfg.rollout_q,
                            self.rng, per_iteration=cfg.mode_granularity == "iteration")
-        groups, tips_added = [], 0
-        bar = tqdm(total=cfg.group_size * len(variations), desc=f"iteration {self.iteration + 1} episodes",
+        mine = self.processes.mine(len(variations))
+        groups, played = {}, {}
+        bar = tqdm(total=cfg.group_size * len(mine), desc=f"iteration {self.iteration + 1} episodes",
                    leave=False, disable=not self.show_progress)
-        for index, variation in enumerate(variations):
+        for g in mine:
+            self.sampler.manual_seed(group_seed(cfg.seed, self.iteration, g))
+            novelty = self.roller.novelty = GroupNovelty(self.novelty)  # the store as of the iteration's start
             with self.precision():
                 group = self.roller.run(
-                    self.envs, [int(variation)] * cfg.group_size, modes[index * cfg.group_size:][: cfg.group_size],
+                    self.envs, [int(variations[g])] * cfg.group_size, modes[g * cfg.group_size:][: cfg.group_size],
                     temperature=cfg.temperature, write_tips=cfg.writes_tips, use_novelty=cfg.uses_novelty,
                     progress=bar,
                 )
-            if cfg.writes_tips:
-                tips_added += self.roller.store_tips(group)
-            groups.append(group)
+            returns = torch.tensor([e.score + e.intrinsic_return for e in group])  # (group_size,)
+            advantages = grpo_advantages(returns)  # (group_size,)  4. group-relative advantages
+            groups[g] = group
+            played[g] = {"advantages": advantages, "decisions": [decision_tokens(e) for e in group],
+                         "rows": [episode_row(e, self.iteration + 1, "train", float(a)) for e, a in zip(group, advantages)],
+                         "tips": self.roller.tip_entries(group) if cfg.writes_tips else None,
+                         "visits": novelty.visits}
         bar.close()
+        self.roller.novelty = self.novelty
+        played = self.processes.gather(played)  # every group's records, on every process
+        memory_started, tips_added = time.perf_counter(), 0
+        for g in sorted(played):
+            if played[g]["tips"]:
+                tips_added += self.memory.add_many(*played[g]["tips"])
+            replay(played[g]["visits"], self.novelty)
+        self.roller.timer.memory += time.perf_counter() - memory_started
         rollout_seconds = time.perf_counter() - started
 
-        # 4. returns and group-relative advantages
-        episodes = [e for group in groups for e in group]
-        advantages = torch.cat([grpo_advantages(torch.tensor([e.score + e.intrinsic_return for e in group]))
-                                for group in groups])  # (n_episodes,)
-
-        # 5. the update
+        # 5. the update, over the iteration's episodes in group order (None: played by another process)
+        episodes = [e for g in sorted(played) for e in groups.get(g, [None] * cfg.group_size)]
+        advantages = torch.cat([played[g]["advantages"] for g in sorted(played)])  # (n_episodes,)
+        decisions = [n for g in sorted(played) for n in played[g]["decisions"]]
         update_started = time.perf_counter()
-        update_metrics = self.update(episodes, advantages) if self.update is not None else {}
+        update_metrics = self.update(episodes, advantages, decisions) if self.update is not None else {}
         self.iteration += 1
 
-        self.folder.append("episodes.jsonl", [episode_row(e, self.iteration, "train", float(a))
-                                              for e, a in zip(episodes, advantages)])
-        self.folder.append("tips.jsonl", [{"iteration": self.iteration, "variation": e.variation, "mode": e.mode_name,
-                                           "score": e.score, "tip": e.tip} for e in episodes if e.tip])
-        scores = np.array([e.score for e in episodes])
+        rows = [row for g in sorted(played) for row in played[g]["rows"]]
+        self.folder.append("episodes.jsonl", rows)
+        self.folder.append("tips.jsonl", [{"iteration": self.iteration, "variation": r["variation"], "mode": r["mode"],
+                                           "score": r["score"], "tip": r["tip"]} for r in rows if r["tip"]])
+        scores = np.array([r["score"] for r in rows])
         metrics = {
             "iteration": self.iteration,
             "train/score": float(scores.mean()),
             "train/score_std": float(scores.std()),
-            "train/success": float(np.mean([e.success for e in episodes])),
-            "train/intrinsic": float(np.mean([e.intrinsic_return for e in episodes])),
-            "train/steps": float(np.mean([len(e.turns) for e in episodes])),
+            "train/success": float(np.mean([r["success"] for r in rows])),
+            "train/intrinsic": float(np.mean([r["intrinsic"] for r in rows])),
+            "train/steps": float(np.mean([r["steps"] for r in rows])),
             "memory/size": len(self.memory),
             "memory/added": tips_added,
             "novelty/states": len(self.novelty),
@@ -189,8 +209,8 @@ class Trainer:
             **self.roller.timer.as_dict(),
             **update_metrics,
         }
-        for mode, name in MODE_NAMES.items():
-            chosen = [e.score for e in episodes if e.mode == mode]
+        for name in MODE_NAMES.values():
+            chosen = [r["score"] for r in rows if r["mode"] == name]
             metrics[f"train/episodes/{name}"] = len(chosen)
             if chosen:
                 metrics[f"train/score/{name}"] = float(np.mean(chosen))
@@ -202,39 +222,47 @@ class Trainer:
         cfg = self.cfg
         mode = MEMORY_ON_POLICY if cfg.eval_with_memory else PLAIN
         variations = [v for v in self.test_variations for _ in range(cfg.eval_samples)]
-        episodes = []
-        bar = tqdm(total=len(variations), desc="evaluation", leave=False, disable=not self.show_progress)
-        for start in range(0, len(variations), len(self.envs)):
-            chunk = variations[start : start + len(self.envs)]
+        chunks = [variations[start : start + len(self.envs)] for start in range(0, len(variations), len(self.envs))]
+        mine = self.processes.mine(len(chunks))
+        rows = {}
+        bar = tqdm(total=sum(len(chunks[c]) for c in mine), desc="evaluation", leave=False,
+                   disable=not self.show_progress)
+        for c in mine:
+            self.sampler.manual_seed(group_seed(cfg.seed, self.iteration, c, phase="eval"))
             with self.precision():
-                episodes += self.roller.run(self.envs, chunk, [mode] * len(chunk),
-                                            temperature=cfg.eval_temperature, progress=bar)
+                episodes = self.roller.run(self.envs, chunks[c], [mode] * len(chunks[c]),
+                                           temperature=cfg.eval_temperature, progress=bar)
+            rows[c] = [episode_row(e, self.iteration, "eval") for e in episodes]
         bar.close()
-        self.folder.append("episodes.jsonl", [episode_row(e, self.iteration, "eval") for e in episodes])
-        scores = np.array([e.score for e in episodes])
+        rows = self.processes.gather(rows)
+        rows = [row for c in sorted(rows) for row in rows[c]]
+        self.folder.append("episodes.jsonl", rows)
+        scores = np.array([r["score"] for r in rows])
         low, high = bootstrap_interval(scores)
         return {"eval/score": float(scores.mean()), "eval/score_std": float(scores.std()),
                 "eval/score_low": low, "eval/score_high": high,
-                "eval/success": float(np.mean([e.success for e in episodes])),
-                "eval/episodes": len(episodes)}
+                "eval/success": float(np.mean([r["success"] for r in rows])),
+                "eval/episodes": len(rows)}
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self) -> Path:
-        """Everything needed to continue exactly: weights, optimizer, memory, novelty, RNG, iteration."""
-        with self.folder.new_checkpoint(self.iteration) as partial:
-            torch.save(self.trainable_state(), partial / "weights.pt")
-            if self.update is not None:
-                torch.save(self.update.optimizer.state_dict(), partial / "optimizer.pt")
-            self.memory.save(partial / "memory")
-            torch.save({
-                "iteration": self.iteration,
-                "novelty": self.novelty.state_dict(),
-                "python_random": random.getstate(),
-                "numpy_global": np.random.get_state(),
-                "numpy_rng": self.rng.bit_generator.state,
-                "torch_global": torch.get_rng_state(),
-                "sampler": self.sampler.get_state(),
-            }, partial / "state.pt")
+    def save_checkpoint(self) -> Path | None:
+        """Everything needed to continue exactly: weights, optimizer, memory, novelty, every process's RNGs."""
+        generators = self.processes.gather({self.processes.rank: {
+            "python_random": random.getstate(),
+            "numpy_global": np.random.get_state(),
+            "numpy_rng": self.rng.bit_generator.state,
+            "torch_global": torch.get_rng_state(),
+            "sampler": self.sampler.get_state(),
+        }})
+        if self.processes.is_main:
+            with self.folder.new_checkpoint(self.iteration) as partial:
+                torch.save(self.trainable_state(), partial / "weights.pt")
+                if self.update is not None:
+                    torch.save(self.update.optimizer.state_dict(), partial / "optimizer.pt")
+                self.memory.save(partial / "memory")
+                torch.save({"iteration": self.iteration, "novelty": self.novelty.state_dict(),
+                            "processes": [generators[rank] for rank in sorted(generators)]}, partial / "state.pt")
+        self.processes.wait()  # no process reads a checkpoint before it is complete
         return self.folder.latest_checkpoint()
 
     def load_checkpoint(self, path: Path) -> None:
@@ -252,11 +280,15 @@ class Trainer:
         self.roller.memory = self.memory
         state = torch.load(path / "state.pt", weights_only=False)
         self.novelty.load_state_dict(state["novelty"])
-        random.setstate(state["python_random"])
-        np.random.set_state(state["numpy_global"])
-        self.rng.bit_generator.state = state["numpy_rng"]
-        torch.set_rng_state(state["torch_global"])
-        self.sampler.set_state(state["sampler"])
+        if len(state["processes"]) != self.processes.size:
+            raise ValueError(f"checkpoint {path}: saved by {len(state['processes'])} processes; resume it with as many "
+                             f"(this run has {self.processes.size})")
+        generators = state["processes"][self.processes.rank]
+        random.setstate(generators["python_random"])
+        np.random.set_state(generators["numpy_global"])
+        self.rng.bit_generator.state = generators["numpy_rng"]
+        torch.set_rng_state(generators["torch_global"])
+        self.sampler.set_state(generators["sampler"])
         self.iteration = state["iteration"]
         self.folder.drop_rows_after(self.iteration)  # rows of a run that died after this checkpoint
 
@@ -265,6 +297,7 @@ class Trainer:
             env.close()
         if self.roller.engine is not None:
             self.roller.engine.close()
+        self.processes.end()
 
     def __enter__(self):
         return self

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from empo2.config import EMPO2Config
+from empo2.distributed import Processes
 from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs, tokens_processed
 from empo2.loss import policy_loss
 from empo2.rollout import Episode
@@ -97,8 +98,11 @@ class HybridLoss:
 class PolicyUpdate:
     """The optimiser and the update rule of a run; `update(episodes, advantages)` runs one iteration's update."""
 
-    def __init__(self, model, cfg: EMPO2Config, rng: np.random.Generator, precision=contextlib.nullcontext):
+    def __init__(self, model, cfg: EMPO2Config, rng: np.random.Generator, precision=contextlib.nullcontext,
+                 processes: Processes | None = None):
         self.model = model
+        self.processes = processes or Processes()
+        """The training processes: gradients are summed over them (one process: nothing to do)."""
         self.cfg = cfg
         self.rng = rng
         """The trainer's generator: mini-batch orders are drawn from it (a resumed run draws the same)."""
@@ -112,12 +116,20 @@ class PolicyUpdate:
         iteration's first optimiser step; not off-policy) instead of a separate no-grad pass. Equal to float
         rounding; False is the plain way, kept for the benchmark."""
 
-    def __call__(self, episodes: list[Episode], advantages: torch.Tensor) -> dict:
-        """`ppo_epochs` passes over the episodes; `advantages`: (n_episodes,). Returns the update's metrics."""
+    def __call__(self, episodes: list[Episode | None], advantages: torch.Tensor,
+                 decisions: list[int] | None = None) -> dict:
+        """`ppo_epochs` passes over the iteration's episodes. Returns the update's metrics.
+
+        episodes: every episode of the iteration, None where another process played it (and scores it).
+        advantages: (n_episodes,); decisions: each episode's decision-token count (default: counted here).
+        """
         cfg = self.cfg
+        if decisions is None:
+            decisions = [decision_tokens(e) for e in episodes]
         # Zero-advantage episodes have exactly zero policy gradient; without a KL term
         # they only count towards the token normaliser, so their forward passes are skipped.
-        needs_pass = [bool(a != 0) or cfg.kl_beta > 0 for a in advantages.tolist()]
+        has_gradient = [bool(a != 0) or cfg.kl_beta > 0 for a in advantages.tolist()]
+        needs_pass = [g and e is not None for g, e in zip(has_gradient, episodes)]  # ... here
         size = cfg.minibatch_episodes or len(episodes)
         orders = [self.rng.permutation(len(episodes)) for _ in range(cfg.ppo_epochs)]
         # Until the first optimiser step θ_old = θ, so where θ_old and θ score the same context the first
@@ -150,27 +162,31 @@ class PolicyUpdate:
         for order in orders:
             for start in range(0, len(order), size):
                 minibatch = [int(i) for i in order[start : start + size]]
-                normalizer = float(max(1, sum(decision_tokens(episodes[i]) for i in minibatch)))
+                normalizer = float(max(1, sum(decisions[i] for i in minibatch)))  # the whole mini-batch's tokens
                 self.optimizer.zero_grad(set_to_none=True)
-                scored, new_logprobs = [], []
-                for i in minibatch:
+                scored = {}  # position in the mini-batch -> (new log-probs, token batch)
+                for position, i in enumerate(minibatch):
                     if not needs_pass[i]:
                         continue
                     new = self.backward(episodes[i], batches[i], normalizer)  # (T_i,)
                     if batches[i].old_logprobs is None:  # θ_old = θ here: this pass's ratio is exactly 1
                         batches[i].old_logprobs = new
-                    scored.append(batches[i])
-                    new_logprobs.append(new)
+                    scored[position] = (new, batches[i])
+                self.processes.sum_gradients(self.trainable)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
-                if scored:
+                if any(has_gradient[i] for i in minibatch):
                     self.optimizer.step()
+                    scored = self.processes.gather({p: (n.cpu(), b.to("cpu")) for p, (n, b) in scored.items()})
                     with torch.no_grad():
-                        loss, metrics = self.loss(torch.cat(new_logprobs), TokenBatch.cat(scored), normalizer)
+                        loss, metrics = self.loss(torch.cat([scored[p][0] for p in sorted(scored)]),
+                                                  TokenBatch.cat([scored[p][1] for p in sorted(scored)]), normalizer)
                     history.append({"update/loss": float(loss), "update/grad_norm": float(grad_norm),
                                     **{f"update/{k}": v for k, v in metrics.items()}})
         if not history:
             return {"update/skipped": 1.0}
-        return {"update/tokens_read_per_trajectory_token": tokens_read / max(1, trajectory_tokens),
+        reads = self.processes.gather({self.processes.rank: (tokens_read, trajectory_tokens)})
+        return {"update/tokens_read_per_trajectory_token":
+                    sum(r for r, _ in reads.values()) / max(1, sum(t for _, t in reads.values())),
                 **{k: float(np.mean([h[k] for h in history if k in h])) for k in {k for h in history for k in h}}}
 
     def logprobs(self, episode: Episode, with_tips: bool) -> torch.Tensor:

@@ -76,3 +76,20 @@ def test_bad_inputs_rejected():
     with pytest.raises(ValueError, match="similarity_threshold"):
         NoveltyStore(similarity_threshold=2.0)
     assert len(store) == 0
+
+
+def test_a_group_copy_records_visits_that_replay_to_the_same_store():
+    from empo2.novelty import GroupNovelty, replay
+
+    rng = np.random.default_rng(0)
+    shared, direct = NoveltyStore(dim=8), NoveltyStore(dim=8)
+    first = rng.normal(size=(3, 8)).astype(np.float32)
+    shared.visit(first)
+    direct.visit(first)
+    group = GroupNovelty(shared)
+    later = np.concatenate([first[:1], rng.normal(size=(2, 8)).astype(np.float32)])
+    rewards = group.visit(later, ["", "", ""])
+    assert len(shared) == 3  # the group played on a copy
+    replay(group.visits, shared)
+    np.testing.assert_array_equal(rewards, direct.visit(later, ["", "", ""]))
+    assert shared.state_dict()["counts"][0].tolist() == direct.state_dict()["counts"][0].tolist()
