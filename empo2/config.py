@@ -128,6 +128,9 @@ class EMPO2Config:
     """Retrieve tips whose key has cosine similarity above this to the current state."""
     top_k: int = 10
     """Show at most this many retrieved tips, best episode score first (paper: 10)."""
+    repeat_tips: bool = True
+    """Show a retrieved tip again at every later step that retrieves it (the paper: each turn shows its top_k);
+    False shows each tip once per episode, at the first step that retrieves it (it stays in the conversation)."""
     memory_scope: str = "variation"
     """One memory per task variation (release) or per task."""
     intrinsic_coef: float = 1.0

@@ -138,7 +138,7 @@ class Roller:
                  generator: torch.Generator | None = None, memory_scope: str = "variation",
                  prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True,
                  action_decoding: str = "free", parallel_envs: bool = True, in_place_cache: bool = True,
-                 engine=None):
+                 engine=None, repeat_tips: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer)
@@ -165,6 +165,8 @@ class Roller:
         self.history_turns = history_turns
         self.think_first = think_first
         self.engine = engine
+        self.repeat_tips = repeat_tips
+        """Show a tip again at later steps that retrieve it (False: once per episode; see EMPO2Config)."""
         """A vLLM engine that samples the rollouts (empo2.vllm_engine); None: the policy itself (GroupGenerator)."""
         self.timer = RolloutTimer()
         self.last_generator: GroupGenerator | None = None
@@ -177,7 +179,8 @@ class Roller:
                    embedder=embedder, memory=memory, novelty=novelty, reuse_cache=cfg.reuse_cache, generator=generator,
                    memory_scope=memory_scope or cfg.memory_scope, prompt_style=cfg.prompt_style,
                    history_turns=cfg.history_turns, think_first=cfg.think_first, action_decoding=cfg.action_decoding,
-                   engine=_vllm_engine(cfg, tokenizer) if cfg.rollout_engine == "vllm" else None)
+                   engine=_vllm_engine(cfg, tokenizer) if cfg.rollout_engine == "vllm" else None,
+                   repeat_tips=cfg.repeat_tips)
 
     def scope(self, task: str, variation: int) -> str:
         return f"{task}:{variation}" if self.memory_scope == "variation" else task
@@ -187,7 +190,11 @@ class Roller:
 
     def _tips_for(self, episode: Episode, state_embedding: np.ndarray) -> list[str]:
         entries = self.memory.retrieve(state_embedding, self.scope(episode.task, episode.variation))
-        return [entry.content for entry in entries]
+        tips = [entry.content for entry in entries]
+        if not self.repeat_tips:
+            shown = {tip for turn in episode.turns for tip in turn.tips_shown}
+            tips = [tip for tip in tips if tip not in shown]
+        return tips
 
     def run(self, envs, variations: list[int], modes: list[Mode], *, temperature: float,
             write_tips: bool = False, use_novelty: bool = False, progress=None) -> list[Episode]:

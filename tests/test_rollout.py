@@ -125,3 +125,24 @@ def test_backward_per_pass_gives_the_gradient_of_the_whole_episode_loss(memory_e
     for got, want in zip([p.grad for p in params], expected):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
     model.zero_grad(set_to_none=True)
+
+
+def test_repeat_tips_false_shows_each_tip_once_per_episode(policy_fp32, embedder):
+    """Every corridor state is similar enough (threshold -1) to retrieve all tips at every step."""
+    model, tokenizer = policy_fp32
+    shown = {}
+    for repeat in (True, False):
+        memory = TipMemory(dim=384, similarity_threshold=-1.0, top_k=2)
+        _, info = CorridorEnv().reset(0)
+        memory.add_many(embedder.encode([info["state_text"]] * 3), [f"tip {i}: go east." for i in range(3)],
+                        [10.0, 20.0, 30.0], ["corridor:0"] * 3)
+        roller = Roller(model, tokenizer, env_name="corridor", response_tokens=8, tip_tokens=8, embedder=embedder,
+                        memory=memory, generator=torch.Generator().manual_seed(0), repeat_tips=repeat)
+        episodes = roller.run([CorridorEnv(max_steps=3) for _ in range(4)], [0] * 4, [MEMORY_ON_POLICY] * 4,
+                              temperature=1.0)
+        shown[repeat] = [[turn.tips_shown for turn in e.turns] for e in episodes if len(e.turns) > 1]
+        assert shown[repeat], "need an episode of more than one step"
+    for turns in shown[True]:
+        assert len(turns[0]) == 2 and all(tips == turns[0] for tips in turns)  # the same top 2 at every step
+    for turns in shown[False]:
+        assert len(turns[0]) == 2 and not any(turns[1:])  # already in the conversation: not shown again
