@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from empo2.envs.base import StepResult, TextEnv, snap_action
 
 ENV_NAMES = ("scienceworld", "webshop", "corridor")
@@ -32,22 +30,19 @@ def make_env(name: str, task: str | None = None, **kwargs) -> TextEnv:
 
 
 def env_from_config(cfg, task: str | None = None) -> TextEnv:
-    """One environment instance as an `EMPO2Config` describes it (`task` replaces the config's, e.g. for adaptation)."""
-    kwargs = {}
-    if cfg.max_steps:
-        kwargs["max_steps"] = cfg.max_steps
+    """One environment instance as an `EMPO2Config` describes it (`task` replaces the config's, e.g. for adaptation).
+
+    Each environment class reads the fields it knows (`from_config`).
+    """
+    if cfg.env not in ENV_NAMES:
+        raise ValueError(f"env: unknown environment {cfg.env!r}; allowed: {', '.join(ENV_NAMES)}")
     if cfg.env == "scienceworld":
-        kwargs.update(n_train_variations=cfg.n_train_variations, n_test_variations=cfg.n_test_variations,
-                      jvm_heap=cfg.jvm_heap)
-    if cfg.env == "webshop":
-        # Small policies rarely write exact click[...] syntax; snap unparsable text to the
-        # most similar admissible click, as free text is snapped in ScienceWorld.
-        kwargs.update(snap_actions=True, goal_source=cfg.webshop_goals)
-        for field, name in (("webshop_products", "products_path"), ("webshop_instructions", "instructions_path"),
-                            ("webshop_human_goals", "human_goals_path")):
-            if getattr(cfg, field):
-                kwargs[name] = os.path.expanduser(getattr(cfg, field))
-    return make_env(cfg.env, task or cfg.task, **kwargs)
+        from empo2.envs.scienceworld import ScienceWorldTask as environment
+    elif cfg.env == "webshop":
+        from empo2.envs.webshop import WebShopEnv as environment
+    else:
+        from empo2.envs.toy import CorridorEnv as environment
+    return environment.from_config(cfg, task or cfg.task)
 
 
 __all__ = ["ENV_NAMES", "StepResult", "TextEnv", "env_from_config", "make_env", "snap_action"]

@@ -48,6 +48,10 @@ class TextEnv(Protocol):
     parallel_steps: bool
     """Whether several instances may `reset`/`step` at the same time from threads (the rollout then overlaps them)."""
 
+    @classmethod
+    def from_config(cls, cfg, task: str) -> "TextEnv":
+        """An instance as an `EMPO2Config` describes it: the environment reads the fields it knows."""
+
     def reset(self, variation: int) -> tuple[str, dict]:
         """Start an episode. Returns the first observation and an info dict with
         `task_description`, `valid_actions` and `state_text`."""

@@ -584,6 +584,12 @@ class ScienceWorldTask:
         }
         return observation, info
 
+    @classmethod
+    def from_config(cls, cfg, task: str) -> "ScienceWorldTask":
+        """The task's JVM as an `EMPO2Config` describes it (splits cut to n_train / n_test; max_steps 0: the task's)."""
+        return cls(task, n_train_variations=cfg.n_train_variations, n_test_variations=cfg.n_test_variations,
+                   jvm_heap=cfg.jvm_heap, max_steps=cfg.max_steps or None)
+
     def first_turn_text(self, task_description: str, observation: str, info: dict) -> str:
         """The task, the action syntax, the one rule that ends episodes early (`focus on`), the inventory."""
         task = task_description.strip().removeprefix("Task Description:").strip()

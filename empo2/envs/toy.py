@@ -49,6 +49,10 @@ class CorridorEnv:
             **extra,
         }
 
+    @classmethod
+    def from_config(cls, cfg, task: str = "corridor") -> "CorridorEnv":
+        return cls(**({"max_steps": cfg.max_steps} if cfg.max_steps else {}))
+
     def first_turn_text(self, task_description: str, observation: str, info: dict) -> str:
         return first_turn(task_description, observation)
 

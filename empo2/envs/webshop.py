@@ -86,6 +86,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import os
 import random
 import re
 from decimal import Decimal, InvalidOperation
@@ -623,6 +624,17 @@ class WebShopEnv:
     @property
     def n_goals(self) -> int:
         return len(self.goals)
+
+    @classmethod
+    def from_config(cls, cfg, task: str = "webshop") -> "WebShopEnv":
+        """WebShop as an `EMPO2Config` describes it: its goal source and data files (empty: the shipped data)."""
+        paths = {name: os.path.expanduser(getattr(cfg, field)) for field, name in (
+            ("webshop_products", "products_path"), ("webshop_instructions", "instructions_path"),
+            ("webshop_human_goals", "human_goals_path")) if getattr(cfg, field)}
+        # Small policies rarely write exact click[...] syntax; snap unparsable text to the
+        # most similar admissible click, as free text is snapped in ScienceWorld.
+        return cls(snap_actions=True, goal_source=cfg.webshop_goals, **({"max_steps": cfg.max_steps} if cfg.max_steps
+                                                                        else {}), **paths)
 
     def first_turn_text(self, task_description: str, observation: str, info: dict) -> str:
         """The goal, the two action forms, the page, and the page's admissible actions."""
