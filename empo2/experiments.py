@@ -63,8 +63,19 @@ def is_finished(cfg: EMPO2Config) -> bool:
     return _same_config(json.loads((folder / "config.json").read_text())["config"], cfg)
 
 
-def run(cfg: EMPO2Config, *, force: bool = False, show_progress: bool = True) -> Path:
+PROGRESS_VARIABLE = "EMPO2_PROGRESS"
+"""Set to 0 to switch progress bars off (the notebook runner does, so executed copies hold none)."""
+
+
+def progress_enabled() -> bool:
+    """Whether progress bars are shown: yes unless the environment variable EMPO2_PROGRESS is 0."""
+    return os.environ.get(PROGRESS_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def run(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None = None) -> Path:
     """Train/evaluate `cfg` unless an identical finished run exists; return its folder.
+
+    Progress bars show unless `show_progress` is False (None: `progress_enabled()`).
 
     One process at a time trains a run: another asking for it (a second notebook
     tab, the runner beside an open notebook) says which process holds it, waits,
@@ -86,6 +97,8 @@ def run(cfg: EMPO2Config, *, force: bool = False, show_progress: bool = True) ->
                 shutil.rmtree(folder, ignore_errors=True)
         from empo2.trainer import Trainer
 
+        if show_progress is None:
+            show_progress = progress_enabled()
         with Trainer(cfg, resume=True, show_progress=show_progress) as trainer:
             last = trainer.train()
         (folder / DONE_FILE).write_text(json.dumps(last, indent=2))
@@ -202,12 +215,14 @@ def compare_methods(folders_a: list[Path], folders_b: list[Path]) -> dict:
     return {"difference": difference, "95% low": low, "95% high": high, "verdict": verdict}
 
 
-def save_figure(figure, name: str, results_dir: str = "results") -> Path:
-    """Save a matplotlib figure as results/figures/<name>.png (150 dpi)."""
+def save_figure(figure, name: str, results_dir: str = "results") -> None:
+    """Save a matplotlib figure as results/figures/<name>.png (150 dpi).
+
+    Returns None, so a notebook cell ending with this call shows the figure and nothing else.
+    """
     path = Path(results_dir) / "figures" / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=150, bbox_inches="tight")
-    return path
 
 
 def variant_runs(configs: dict[str, EMPO2Config], force: bool = False
@@ -222,7 +237,7 @@ def variant_runs(configs: dict[str, EMPO2Config], force: bool = False
     return frames, pd.DataFrame(rows).set_index("variant").round(1)
 
 
-def plot_variants(frames: dict[str, pd.DataFrame], title: str, name: str, results_dir: str = "results") -> Path:
+def plot_variants(frames: dict[str, pd.DataFrame], title: str, name: str, results_dir: str = "results") -> None:
     """Training score and tip-free test score against iteration, one line per variant; saved as a figure."""
     import matplotlib.pyplot as plt
 
@@ -236,7 +251,7 @@ def plot_variants(frames: dict[str, pd.DataFrame], title: str, name: str, result
     for ax in axes:
         ax.legend(fontsize=7)
     fig.suptitle(title)
-    return save_figure(fig, name, results_dir)
+    save_figure(fig, name, results_dir)
 
 
 def mean_curve(frames: list[pd.DataFrame], column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

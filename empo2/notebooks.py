@@ -8,11 +8,20 @@
 Executed copies go to `results/executed/`, figures to `results/figures/` (the
 notebooks save them). Saved runs whose config matches are reused, so on a fresh
 clone this regenerates every figure from the committed results.
+
+The copies are meant to be read: progress bars are switched off while they run
+(EMPO2_PROGRESS=0, TQDM_DISABLE=1 in the kernel's environment), the results folder
+is passed relative to the repository root when it lies inside it, and any path of
+the repository left in an output or in papermill's metadata is made relative.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -31,22 +40,64 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
     return paths
 
 
+QUIET = {"EMPO2_PROGRESS": "0", "TQDM_DISABLE": "1"}
+"""Environment of the kernel during a papermill run: no progress bars in the executed copies."""
+
+
 def execute(path: Path, results_dir: Path, *, profile: str | None = None, force: bool = False,
             timeout_s: int = 4 * 3600) -> Path:
     """Run one notebook with papermill; returns the executed copy's path."""
     import papermill
 
-    parameters = {"results_dir": str(results_dir), "force": force}
+    results_dir = Path(results_dir).resolve()
+    parameters = {"results_dir": _relative(results_dir), "force": force}
     if profile is not None:
         parameters["profile"] = profile
     # An explicit profile gets its own copy, so a ci pass never overwrites the default-profile copies.
     output = results_dir / "executed" / (path.name if profile is None else f"{path.stem}-{profile}.ipynb")
     output.parent.mkdir(parents=True, exist_ok=True)
-    papermill.execute_notebook(
-        str(path), str(output), parameters=parameters, cwd=str(ROOT), kernel_name="python3",
-        execution_timeout=timeout_s, progress_bar=False, log_output=False,
-    )
+    try:
+        with _environment(QUIET):  # the kernel inherits this process's environment
+            papermill.execute_notebook(
+                str(path), str(output), parameters=parameters, cwd=str(ROOT), kernel_name="python3",
+                execution_timeout=timeout_s, progress_bar=False, log_output=False,
+            )
+    finally:
+        if output.exists():
+            clean(output)
     return output
+
+
+def _relative(folder: Path) -> str:
+    """`folder` relative to the repository root (the notebooks' working directory) when inside it."""
+    try:
+        return str(folder.relative_to(ROOT))
+    except ValueError:
+        return str(folder)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def clean(executed: Path, root: Path = ROOT) -> None:
+    """Make an executed copy independent of the machine that ran it: every occurrence of the
+    repository's absolute path, in outputs and in papermill's metadata, becomes relative."""
+    text = executed.read_text()
+    path = re.escape(json.dumps(str(root))[1:-1])  # the path as it appears inside JSON strings
+    cleaned = re.sub(path + r"(?![\w.-])/?", lambda match: "" if match.group().endswith("/") else ".", text)
+    if cleaned != text:
+        executed.write_text(cleaned)
 
 
 def main(argv: list[str] | None = None) -> None:

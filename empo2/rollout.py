@@ -327,7 +327,9 @@ class Roller:
                 shown_tips[i] = tips
                 still_active.append(i)
             if progress is not None:
-                progress.update(len(active) - len(still_active))
+                progress.update(len(active) - len(still_active))  # episodes finished
+                if hasattr(progress, "set_postfix_str"):
+                    progress.set_postfix_str(f"step {step}/{max_steps}")  # steps played
             active = still_active
 
         if write_tips:

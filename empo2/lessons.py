@@ -1,0 +1,406 @@
+"""What the lesson notebooks (00-04) compute, so that each notebook is a few calls and plots.
+
+Notebooks 00-03 play a few episodes with the *untrained* policy of a profile and
+look at them: one episode step by step (00), the same policy plain and with a
+memory of its own tips (01), the memory it builds and what a query retrieves
+(02), and the importance ratios of the three update modes on a real batch (03).
+Their results are saved next to the config that produced them (`cached`), so a
+notebook replays the saved result when its settings are unchanged and plays
+again when they changed or with `force=True`.
+
+    cfg = EMPO2Config.from_profile("ci", task="power-component")
+    trajectories = cached("results/ci/exploration/power-component-seed0.json", cfg,
+                          lambda: plain_then_with_memory(cfg, episodes=2), settings={"episodes": 2})
+    side_by_side(trajectories)
+
+The remaining functions turn saved runs into the tables the notebooks show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from empo2.config import EMPO2Config
+from empo2.experiments import episodes as read_episodes
+from empo2.experiments import progress_enabled
+
+
+# ----------------------------------------------------------------------------- saved results
+def cached(path: str | Path, cfg: EMPO2Config, compute, force: bool = False, settings: dict | None = None):
+    """The value saved at `path` if `cfg` and `settings` produced it (and not `force`); else `compute()`,
+    saved with them.
+
+    The file holds {"config": cfg.to_dict(), "settings": settings, "git_commit": ..., "git_dirty": ...,
+    "value": value}; `settings` are the notebook's own knobs that are not config fields (e.g. how
+    many episodes). A config that differs in any field but `results_dir`, or other settings,
+    recompute (as `experiments.run` retrains a run whose config changed).
+    """
+    from empo2.experiments import _same_config
+    from empo2.runs import provenance
+
+    path, settings = Path(path), json.loads(json.dumps(settings or {}))
+    if path.exists() and not force:
+        saved = json.loads(path.read_text())
+        if (isinstance(saved, dict) and "config" in saved and _same_config(saved["config"], cfg)
+                and saved.get("settings", {}) == settings):
+            made_by = f"commit {saved.get('git_commit', '?')[:10]}" + (
+                ", uncommitted changes" if saved.get("git_dirty") else "")
+            print(f"reusing {path} (computed with these settings by {made_by}; force=True recomputes)")
+            return saved["value"]
+        print(f"{path} was computed with other settings: computing it again", flush=True)
+    value = compute()
+    made = provenance()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps({"config": cfg.to_dict(), "settings": settings, "git_commit": made["git_commit"],
+                                   "git_dirty": made["git_dirty"], "value": value}, indent=1))
+    partial.replace(path)
+    return value
+
+
+# ----------------------------------------------------------------------------- playing episodes
+class StepProgress:
+    """A progress bar that moves once per step of a lock-step rollout.
+
+    `Roller.run(progress=...)` calls `update(finished)` once per step with the number of
+    episodes that ended in that step; this bar counts the steps and shows the finished
+    episodes beside them. Off when `experiments.progress_enabled()` is False (papermill runs).
+    """
+
+    def __init__(self, max_steps: int, episodes: int, desc: str = "playing"):
+        from tqdm.auto import tqdm
+
+        self.episodes = episodes
+        self.finished = 0
+        self.steps = 0
+        self.bar = tqdm(total=max_steps, desc=desc, unit="step", leave=False, disable=not progress_enabled())
+
+    def update(self, finished: int = 0) -> None:
+        self.steps += 1
+        self.finished += finished
+        self.bar.update(1)
+        self.bar.set_postfix_str(f"{self.finished}/{self.episodes} episodes over")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@dataclass
+class Lesson:
+    """The untrained policy and what plays with it (see `untrained_roller`)."""
+
+    cfg: EMPO2Config
+    roller: object
+    envs: list
+    tokenizer: object
+    embedder: object | None
+    memory: object | None
+
+    def play(self, variations: list[int], modes: list[int], *, temperature: float, write_tips: bool = False,
+             desc: str = "playing") -> list:
+        """One episode per variation, in lock-step, with a per-step progress bar."""
+        progress = StepProgress(self.envs[0].max_steps, len(variations), desc)
+        try:
+            return self.roller.run(self.envs[: len(variations)], variations, modes, temperature=temperature,
+                                   write_tips=write_tips, progress=progress)
+        finally:
+            progress.close()
+
+
+@contextlib.contextmanager
+def untrained_roller(cfg: EMPO2Config, episodes: int, *, memory: bool = True, memory_scope: str | None = None):
+    """The untrained policy of `cfg` with `episodes` environments and, with `memory`, an embedder and an
+    empty tip memory; the environments are closed on exit. Sampling is seeded with `cfg.seed`."""
+    import torch
+
+    from empo2.envs import env_from_config
+    from empo2.memory import TipMemory
+    from empo2.models import Embedder, load_policy
+    from empo2.rollout import Roller
+
+    model, tokenizer = load_policy(cfg.model, device=cfg.device)
+    embedder = tips = None
+    if memory:
+        embedder = Embedder(cfg.embedder)
+        tips = TipMemory(dim=embedder.dim, capacity=cfg.memory_capacity,
+                         similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
+    envs = []
+    try:
+        envs = [env_from_config(cfg) for _ in range(episodes)]
+        roller = Roller.from_config(cfg, model, tokenizer, embedder=embedder, memory=tips,
+                                    generator=torch.Generator().manual_seed(cfg.seed), memory_scope=memory_scope)
+        yield Lesson(cfg, roller, envs, tokenizer, embedder, tips)
+    finally:
+        for env in envs:
+            env.close()
+
+
+def quickstart_episode(cfg: EMPO2Config) -> dict:
+    """Notebook 00: one plain episode of the untrained policy on the first training variation, and its tip."""
+    from empo2.loss import PLAIN
+
+    with untrained_roller(cfg, 1, memory=False) as lesson:
+        [episode] = lesson.play([lesson.envs[0].train_variations[0]], [PLAIN], temperature=cfg.temperature,
+                                write_tips=True, desc="one episode")
+        first_prompt = lesson.tokenizer.decode(episode.turns[0].prompt_ids)
+    return {"task": episode.task, "variation": episode.variation, "score": episode.score, "tip": episode.tip,
+            "first_prompt": first_prompt,
+            "steps": [{"step": i + 1, "model wrote": t.raw_action.strip(), "executed": t.executed_action,
+                       "observation": t.observation.strip()[:150], "reward": t.reward, "score": t.score}
+                      for i, t in enumerate(episode.turns)]}
+
+
+def plain_then_with_memory(cfg: EMPO2Config, episodes: int) -> list[dict]:
+    """Notebook 01: `episodes` plain episodes of the untrained policy on one training variation (tips
+    written and stored), then `episodes` memory-augmented ones on the same variation, at the
+    evaluation temperature. One dict per episode: condition, score, tip, and per turn the executed
+    action, the score so far, how many tips were shown and the first of them."""
+    from empo2.loss import MEMORY_ON_POLICY, PLAIN
+
+    with untrained_roller(cfg, episodes) as lesson:
+        variation = lesson.envs[0].train_variations[0]
+        plain = lesson.play([variation] * episodes, [PLAIN] * episodes, temperature=cfg.eval_temperature,
+                            write_tips=True, desc="plain episodes")
+        lesson.roller.store_tips(plain)
+        guided = lesson.play([variation] * episodes, [MEMORY_ON_POLICY] * episodes,
+                             temperature=cfg.eval_temperature, desc="episodes with memory")
+
+    def record(episode, condition):
+        return {"condition": condition, "score": episode.score, "tip": episode.tip, "turns": [
+            {"action": t.executed_action, "score": t.score, "tips_shown": len(t.tips_shown),
+             "first_tip": t.tips_shown[0] if t.tips_shown else ""} for t in episode.turns]}
+
+    return [record(e, "plain") for e in plain] + [record(e, "with memory") for e in guided]
+
+
+def memory_snapshot(cfg: EMPO2Config, episodes: int) -> dict:
+    """Notebook 02: play `episodes` plain episodes (one per training variation), store their tips in one
+    task-wide memory, and query it with the first state of the first episode. Returns the query
+    state and every entry with its cosine similarity to the query and whether it was retrieved."""
+    from empo2.loss import PLAIN
+
+    with untrained_roller(cfg, episodes, memory_scope="task") as lesson:
+        train = list(lesson.envs[0].train_variations)
+        variations = [train[i % len(train)] for i in range(episodes)]
+        played = lesson.play(variations, [PLAIN] * episodes, temperature=cfg.temperature, write_tips=True,
+                             desc="episodes that write tips")
+        lesson.roller.store_tips(played)
+        query_state = played[0].turns[0].state_text
+        query = lesson.embedder.encode([query_state])[0]
+        scope = lesson.roller.scope(played[0].task, played[0].variation)
+        entries = lesson.memory.entries(scope)
+        retrieved = {e.counter for e in lesson.memory.retrieve(query, scope)}
+    similarity = np.stack([e.key for e in entries]) @ query / np.linalg.norm(query)
+    return {"query_state": query_state, "entries": [
+        {"counter": e.counter, "similarity": float(s), "score": e.score, "content": e.content,
+         "retrieved": e.counter in retrieved} for e, s in zip(entries, similarity)]}
+
+
+def importance_ratios(cfg: EMPO2Config) -> list[dict]:
+    """Notebook 03: importance ratios of the three update modes on one real batch, before and after
+    one update step.
+
+    A first group of plain episodes writes tips into the memory; a second group plays
+    `cfg.group_size` episodes on the same variation, cycling plain / memory on-policy / off-policy.
+    Each episode's advantage is what training uses: GRPO on score + intrinsic return. Returns one
+    row per action token: episode, turn, mode, advantage, whether constrained decoding forced it
+    (the only allowed continuation), log π_θold (behaviour context), and log π_θ (trained context)
+    before and after one update.
+    """
+    import torch
+
+    from empo2.advantages import grpo_advantages
+    from empo2.logprobs import episode_logprobs
+    from empo2.loss import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
+    from empo2.trainer import Trainer
+
+    n = cfg.group_size
+    with Trainer(cfg, show_progress=False) as trainer:
+        lesson = Lesson(cfg, trainer.roller, trainer.envs, trainer.tokenizer, trainer.embedder, trainer.memory)
+        variation = trainer.train_variations[0]
+        warmup = lesson.play([variation] * n, [PLAIN] * n, temperature=cfg.temperature, write_tips=True,
+                             desc="first group (writes tips)")
+        trainer.roller.store_tips(warmup)
+        modes = [(PLAIN, MEMORY_ON_POLICY, OFF_POLICY)[i % 3] for i in range(n)]
+        progress = StepProgress(trainer.envs[0].max_steps, n, "the batch")
+        try:
+            batch = trainer.roller.run(trainer.envs, [variation] * n, modes, temperature=cfg.temperature,
+                                       use_novelty=cfg.uses_novelty, progress=progress)
+        finally:
+            progress.close()
+        score = lambda e, with_tips: episode_logprobs(trainer.model, e, with_tips=with_tips,  # noqa: E731
+                                                      temperature=cfg.temperature)
+        with torch.no_grad():
+            before = [(score(e, e.sampled_with_tips), score(e, e.trained_with_tips)) for e in batch]
+        returns = torch.tensor([e.score + e.intrinsic_return for e in batch])
+        advantages = grpo_advantages(returns)
+        trainer.update(batch, advantages)
+        with torch.no_grad():
+            after = [score(e, e.trained_with_tips) for e in batch]
+    rows = []
+    for i, (e, (old, new_before), new_after) in enumerate(zip(batch, before, after)):
+        turn_of_token = [t for t, turn in enumerate(e.turns) for _ in turn.response_ids]
+        # Constrained decoding: a token that was the only allowed continuation is no decision.
+        forced = [allowed is not None and len(allowed) == 1 for turn in e.turns for allowed in turn.allowed_sets()]
+        for o, nb, na, turn, f in zip(old.tolist(), new_before.tolist(), new_after.tolist(), turn_of_token, forced):
+            rows.append({"episode": i, "turn": turn, "mode": e.mode_name, "score": e.score,
+                         "intrinsic": e.intrinsic_return, "advantage": float(advantages[i]), "forced": f,
+                         "old": o, "new_before_update": nb, "new_after_update": na,
+                         "tips_shown": sum(len(t.tips_shown) for t in e.turns)})
+    return rows
+
+
+# ----------------------------------------------------------------------------- tables
+def episode_steps(episode: dict) -> pd.DataFrame:
+    """Notebook 00: one row per step of a `quickstart_episode`, indexed by the (integer) step."""
+    return pd.DataFrame(episode["steps"]).set_index("step")
+
+
+def side_by_side(trajectories: list[dict]) -> pd.DataFrame:
+    """Notebook 01: the i-th plain episode beside the i-th memory-augmented one, step by step.
+
+    Index (episode, step), both integers. Once an episode is over its action reads
+    "(over)", its score stays at the final score and it is shown no tips, so no cell is empty.
+    """
+    plain = [t for t in trajectories if t["condition"] == "plain"]
+    guided = [t for t in trajectories if t["condition"] == "with memory"]
+    rows = []
+    for number, (a, b) in enumerate(zip(plain, guided), start=1):
+        for step in range(max(len(a["turns"]), len(b["turns"]))):
+            row = {"episode": number, "step": step + 1}
+            for name, episode in (("plain", a), ("memory", b)):
+                turns = episode["turns"]
+                turn = turns[step] if step < len(turns) else None
+                row[f"{name} action"] = turn["action"] if turn else "(over)"
+                row[f"{name} score"] = int(round(turn["score"] if turn else episode["score"]))
+            row["tips shown"] = b["turns"][step]["tips_shown"] if step < len(b["turns"]) else 0
+            rows.append(row)
+    columns = ["plain action", "plain score", "memory action", "memory score", "tips shown"]
+    if not rows:
+        return pd.DataFrame(columns=["episode", "step", *columns]).set_index(["episode", "step"])
+    return pd.DataFrame(rows).astype({"episode": int, "step": int}).set_index(["episode", "step"])[columns]
+
+
+def trajectory_summary(trajectories: list[dict]) -> pd.DataFrame:
+    """Notebook 01: per condition, the mean final score, episode length, share of distinct actions and
+    share of episodes that left the first room (a score of 7 or more at some step)."""
+    rows = []
+    for t in trajectories:
+        actions = [turn["action"] for turn in t["turns"]]
+        rows.append({"condition": t["condition"], "final score": t["score"], "steps": len(actions),
+                     "distinct actions": len(set(actions)) / max(1, len(actions)),
+                     "left first room": float(any(turn["score"] >= 7 for turn in t["turns"]))})
+    return pd.DataFrame(rows).groupby("condition").mean()
+
+
+def last_evaluation(folder: Path) -> pd.DataFrame:
+    """The test episodes of a run's last evaluation (one row each, with its executed actions)."""
+    frame = read_episodes(folder)
+    tested = frame[frame["phase"] == "eval"]
+    return tested[tested["iteration"] == tested["iteration"].max()]
+
+
+def test_outcomes(folders_by_label: dict[str, list[Path]]) -> pd.DataFrame:
+    """Notebook 01: per label, the share of last-evaluation test episodes (all runs pooled) that ended
+    at -100, left the first room (>= 7) and reached the workshop (>= 13); the share of steps that
+    repeat an action already taken in that episode; the mean score and the number of episodes."""
+    rows = []
+    for label, folders in folders_by_label.items():
+        tested = pd.concat([last_evaluation(f) for f in folders])
+        repeated = [1 - len(set(a)) / max(1, len(a)) for a in tested["actions"]]
+        rows.append({"method": label, "test episodes": len(tested),
+                     "ended at −100": float((tested["score"] <= -100).mean()),
+                     "left first room (≥ 7)": float((tested["score"] >= 7).mean()),
+                     "reached workshop (≥ 13)": float((tested["score"] >= 13).mean()),
+                     "repeated actions": float(np.mean(repeated)), "mean score": float(tested["score"].mean())})
+    return pd.DataFrame(rows).set_index("method")
+
+
+def ratio_table(tokens: pd.DataFrame, delta: float) -> pd.DataFrame:
+    """Notebook 03: per mode, the action tokens, how many of them were decisions (not forced), the
+    importance ratios ρ = π_θ(new context) / π_θold(old context) of the decisions before and after
+    the update, and the share of decisions the δ mask drops (off-policy tokens whose tip-free
+    probability under the current policy is below `delta`)."""
+    tokens = with_ratios(tokens, delta)
+    decisions = tokens[~tokens["forced"]]
+    table = decisions.groupby("mode").agg(
+        decisions=("old", "size"), ratio_before_mean=("ratio_before", "mean"), ratio_before_max=("ratio_before", "max"),
+        ratio_after_mean=("ratio_after", "mean"), ratio_after_max=("ratio_after", "max"),
+        dropped_by_delta=("dropped_by_delta", "mean"))
+    table.insert(0, "tokens", tokens.groupby("mode").size())
+    return table
+
+
+def with_ratios(tokens: pd.DataFrame, delta: float) -> pd.DataFrame:
+    """`tokens` (rows of `importance_ratios`) with ratio_before, ratio_after and dropped_by_delta columns."""
+    tokens = tokens.copy()
+    tokens["ratio_before"] = np.exp(tokens["new_before_update"] - tokens["old"])
+    tokens["ratio_after"] = np.exp(tokens["new_after_update"] - tokens["old"])
+    tokens["dropped_by_delta"] = ((tokens["mode"] == "off_policy") & ~tokens["forced"]
+                                  & (np.exp(tokens["new_before_update"]) < delta))
+    return tokens
+
+
+def loss_metrics(tokens: pd.DataFrame, cfg: EMPO2Config) -> pd.DataFrame:
+    """Notebook 03: `empo2.loss.policy_loss` on the batch as the first update step sees it (θ = θ_old, so
+    new = the trained-context log-probs before the update; forced tokens masked out, as in training):
+    its metrics overall and per mode."""
+    import torch
+
+    from empo2.loss import MODE_NAMES, policy_loss
+
+    codes = {name: int(code) for code, name in MODE_NAMES.items()}
+    _, metrics = policy_loss(
+        torch.tensor(tokens["new_before_update"].to_numpy(), dtype=torch.float32),
+        torch.tensor(tokens["old"].to_numpy(), dtype=torch.float32),
+        torch.tensor(tokens["advantage"].to_numpy(), dtype=torch.float32),
+        torch.tensor((~tokens["forced"]).to_numpy(), dtype=torch.float32),
+        torch.tensor([codes[m] for m in tokens["mode"]], dtype=torch.long),
+        torch.tensor((tokens["episode"] * 10_000 + tokens["turn"]).to_numpy(), dtype=torch.long),
+        **cfg.loss_settings,
+    )
+    names = ["tokens", "masked_frac", "clip_frac", "ratio_mean", "ratio_max", "pg_loss"]
+    table = {"all": {k: metrics[k] for k in names}}
+    for name in MODE_NAMES.values():
+        if f"tokens/{name}" in metrics:
+            table[name] = {k: metrics[f"{k}/{name}"] for k in names}
+    return pd.DataFrame(table).T
+
+
+def training_curve(folders: list[Path], resamples: int = 2000) -> pd.DataFrame:
+    """Notebook 04: per iteration, the mean training-episode score over runs (each run's mean first)
+    and its 95% interval (bootstrap over runs, then episodes)."""
+    from empo2.stats import seed_bootstrap_interval
+
+    frames = [read_episodes(f) for f in folders]
+    trained = [f[f["phase"] == "train"] for f in frames]
+    rows = []
+    for iteration in sorted(set().union(*[set(f["iteration"]) for f in trained])):
+        groups = [f[f["iteration"] == iteration]["score"].to_numpy() for f in trained]
+        low, high = seed_bootstrap_interval(groups, resamples=resamples)
+        rows.append({"iteration": int(iteration), "score": float(np.mean([g.mean() for g in groups if len(g)])),
+                     "95% low": low, "95% high": high})
+    return pd.DataFrame(rows).set_index("iteration")
+
+
+def test_scores_by_variation(folders_by_label: dict[str, list[Path]]) -> pd.DataFrame:
+    """Notebook 04: mean score of the last evaluation's test episodes per test variation (columns), one
+    row per label, with the number of test episodes and the overall mean, and the decoding and step
+    limit the runs used. Shows why two evaluations of the same model can disagree."""
+    rows = []
+    for label, folders in folders_by_label.items():
+        tested = pd.concat([last_evaluation(f) for f in folders])
+        config = json.loads((Path(folders[0]) / "config.json").read_text())["config"]
+        row = {"runs": label, "decoding": config.get("action_decoding", "free"), "steps": config["max_steps"],
+               "test episodes": len(tested), "mean": float(tested["score"].mean())}
+        row.update({f"variation {int(v)}": float(s) for v, s in tested.groupby("variation")["score"].mean().items()})
+        rows.append(row)
+    table = pd.DataFrame(rows).set_index("runs")
+    variations = sorted([c for c in table if c.startswith("variation ")], key=lambda c: int(c.split()[1]))
+    return table[["decoding", "steps", "test episodes", "mean", *variations]]

@@ -1,0 +1,159 @@
+"""The helpers the lesson notebooks call (empo2.lessons), on the toy corridor with the real default policy."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from empo2 import experiments, lessons
+from empo2.config import EMPO2Config
+
+
+def _cfg(tmp_path, **overrides):
+    values = dict(env="corridor", max_steps=3, response_tokens=4, tip_tokens=6, group_size=3, iterations=1,
+                  eval_every=1, n_test_variations=2, results_dir=str(tmp_path), experiment="lessons")
+    return EMPO2Config.from_profile("ci", **{**values, **overrides})
+
+
+def test_cached_reuses_only_what_the_same_config_computed(tmp_path, capsys):
+    cfg = _cfg(tmp_path)
+    calls = []
+    compute = lambda: calls.append(1) or {"value": len(calls)}  # noqa: E731
+    path = tmp_path / "saved" / "thing.json"
+    assert lessons.cached(path, cfg, compute) == {"value": 1}
+    assert lessons.cached(path, cfg, compute) == {"value": 1} and "reusing" in capsys.readouterr().out
+    # The same settings read from another checkout location: still reused.
+    moved = EMPO2Config.from_dict({**cfg.to_dict(), "results_dir": "elsewhere"})
+    assert lessons.cached(path, moved, compute) == {"value": 1}
+    assert lessons.cached(path, EMPO2Config.from_dict({**cfg.to_dict(), "max_steps": 4}), compute) == {"value": 2}
+    assert "other settings" in capsys.readouterr().out
+    assert lessons.cached(path, cfg, compute, force=True) == {"value": 3}
+    saved = json.loads(path.read_text())
+    assert saved["config"]["max_steps"] == 3 and "git_commit" in saved and "git_dirty" in saved
+    assert lessons.cached(path, cfg, compute) == {"value": 3} and "by commit " in capsys.readouterr().out
+    assert lessons.cached(path, cfg, compute, settings={"episodes": 2}) == {"value": 4}
+    assert lessons.cached(path, cfg, compute, settings={"episodes": 2}) == {"value": 4}
+    assert lessons.cached(path, cfg, compute, settings={"episodes": 3}) == {"value": 5}
+    path.write_text(json.dumps({"value": "a file of the old format"}))
+    assert lessons.cached(path, cfg, compute) == {"value": 6}
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def update(self, n=1):
+        self.calls.append(n)
+
+
+def test_step_progress_moves_once_per_step_and_is_off_when_asked(monkeypatch):
+    monkeypatch.setenv("EMPO2_PROGRESS", "1")
+    progress = lessons.StepProgress(max_steps=5, episodes=2)
+    for finished in (0, 1, 0, 1):
+        progress.update(finished)
+    assert (progress.steps, progress.finished, progress.bar.n) == (4, 2, 4)
+    progress.close()
+    monkeypatch.setenv("EMPO2_PROGRESS", "0")
+    assert not experiments.progress_enabled()
+    assert lessons.StepProgress(max_steps=5, episodes=2).bar.disable
+
+
+def test_the_roller_reports_each_step_to_its_progress(tmp_path):
+    from empo2.loss import PLAIN
+
+    cfg = _cfg(tmp_path, max_steps=3)
+    with lessons.untrained_roller(cfg, 2, memory=False) as lesson:
+        recorder = _Recorder()
+        episodes = lesson.roller.run(lesson.envs, [0, 1], [PLAIN, PLAIN], temperature=1.0, progress=recorder)
+    assert len(recorder.calls) == max(len(e.turns) for e in episodes)  # one call per lock-step step
+    assert sum(recorder.calls) == 2  # and together they count the finished episodes
+
+
+def test_quickstart_and_exploration_play_real_episodes(tmp_path):
+    cfg = _cfg(tmp_path)
+    episode = lessons.quickstart_episode(cfg)
+    assert episode["task"] == "corridor" and episode["tip"] and "Task:" in episode["first_prompt"]
+    steps = lessons.episode_steps(episode)
+    assert steps.index.dtype == np.int64 and list(steps.index) == list(range(1, len(steps) + 1))
+    assert steps["score"].iloc[-1] == episode["score"]
+
+    trajectories = lessons.plain_then_with_memory(cfg, episodes=2)
+    assert [t["condition"] for t in trajectories] == ["plain", "plain", "with memory", "with memory"]
+    assert all(t["tip"] for t in trajectories[:2])
+    # Every state the memory-augmented episodes acted in is the corridor's, where the plain ones stored tips.
+    assert any(turn["tips_shown"] for t in trajectories[2:] for turn in t["turns"])
+    summary = lessons.trajectory_summary(trajectories)
+    assert list(summary.index) == ["plain", "with memory"] and summary.notna().all().all()
+
+
+def test_side_by_side_has_integer_steps_and_no_empty_cells():
+    def turn(action, score, tips=0):
+        return {"action": action, "score": score, "tips_shown": tips, "first_tip": ""}
+
+    trajectories = [
+        {"condition": "plain", "score": -100.0, "turns": [turn("a", 0.0), turn("focus on b", -100.0)]},
+        {"condition": "with memory", "score": 7.0,
+         "turns": [turn("a", 0.0, 3), turn("go c", 7.0, 2), turn("d", 7.0, 1)]},
+    ]
+    table = lessons.side_by_side(trajectories)
+    assert list(table.index) == [(1, 1), (1, 2), (1, 3)]
+    assert all(level.dtype == np.int64 for level in table.index.levels)
+    assert not table.isna().any().any()
+    assert table.loc[(1, 3), "plain action"] == "(over)" and table.loc[(1, 3), "plain score"] == -100
+    assert table["plain score"].dtype == np.int64 and list(table["tips shown"]) == [3, 2, 1]
+
+
+def test_memory_snapshot_retrieves_by_threshold_then_score(tmp_path):
+    cfg = _cfg(tmp_path, top_k=2)
+    view = lessons.memory_snapshot(cfg, episodes=2)
+    entries = pd.DataFrame(view["entries"])
+    assert len(entries) and view["query_state"].startswith("You are in room 0")
+    retrieved = entries[entries["retrieved"]]
+    assert len(retrieved) == min(cfg.top_k, int((entries["similarity"] > cfg.similarity_threshold).sum()))
+    assert (retrieved["similarity"] > cfg.similarity_threshold).all()
+    candidates = entries[entries["similarity"] > cfg.similarity_threshold]
+    assert retrieved["score"].min() >= candidates["score"].nlargest(cfg.top_k).min()
+
+
+def test_importance_ratios_of_the_three_modes(tmp_path):
+    cfg = _cfg(tmp_path, p=1.0, q=0.5, checkpoint_every=0, experiment="ratios")
+    tokens = pd.DataFrame(lessons.importance_ratios(cfg))
+    assert set(tokens["mode"]) == {"plain", "memory_on", "off_policy"}
+    on_policy = tokens[tokens["mode"] != "off_policy"]
+    # Before any update θ = θ_old and on-policy contexts are the same: every ratio is exactly 1.
+    assert np.allclose(on_policy["new_before_update"], on_policy["old"], atol=1e-6)
+    # Every token of an episode carries that episode's advantage.
+    assert (tokens.groupby("episode")["advantage"].nunique() == 1).all()
+    # A forced token (the only allowed continuation) has probability 1 in every context.
+    assert np.allclose(tokens.loc[tokens["forced"], ["old", "new_before_update", "new_after_update"]], 0, atol=1e-5)
+    table = lessons.ratio_table(tokens, cfg.delta)
+    assert set(table.index) == {"plain", "memory_on", "off_policy"}
+    assert table.loc["plain", "dropped_by_delta"] == 0 and table.loc["memory_on", "dropped_by_delta"] == 0
+    assert table["tokens"].sum() == len(tokens) and table["decisions"].sum() == (~tokens["forced"]).sum()
+    metrics = lessons.loss_metrics(tokens, cfg)
+    assert metrics.loc["all", "tokens"] == (~tokens["forced"]).sum()
+    off = lessons.with_ratios(tokens, cfg.delta).query("mode == 'off_policy' and not forced")
+    assert metrics.loc["off_policy", "masked_frac"] == pytest.approx(off["dropped_by_delta"].mean())
+    everything = lessons.ratio_table(tokens, delta=1.0)  # δ = 1 drops every off-policy decision
+    assert everything.loc["off_policy", "dropped_by_delta"] == 1.0
+
+
+def test_tables_of_saved_runs(tmp_path):
+    cfgs = [_cfg(tmp_path, method=method, seed=seed, iterations=2, group_size=2, eval_every=2)
+            for method in ("grpo", "naive") for seed in (0, 1)]
+    folders = [experiments.run(c, show_progress=False) for c in cfgs]
+    grpo, naive = folders[:2], folders[2:]
+    outcomes = lessons.test_outcomes({"GRPO": grpo, "Naive": naive})
+    assert list(outcomes.index) == ["GRPO", "Naive"] and (outcomes["test episodes"] == 4).all()
+    assert outcomes.drop(columns=["test episodes", "mean score"]).apply(lambda c: c.between(0, 1)).all().all()
+
+    curve = lessons.training_curve(grpo, resamples=200)
+    assert list(curve.index) == [1, 2]
+    assert (curve["95% low"] <= curve["score"] + 1e-9).all() and (curve["score"] <= curve["95% high"] + 1e-9).all()
+
+    by_variation = lessons.test_scores_by_variation({"GRPO": grpo, "Naive": naive})
+    assert list(by_variation.columns[:4]) == ["decoding", "steps", "test episodes", "mean"]
+    assert [c for c in by_variation.columns if c.startswith("variation ")] == ["variation 5", "variation 6"]
+    assert by_variation.loc["Naive", "mean"] == pytest.approx(
+        np.mean([lessons.last_evaluation(f)["score"].mean() for f in naive]))
