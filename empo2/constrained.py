@@ -122,6 +122,21 @@ class ActionConstraint:
     def cursor(self) -> "Cursor":
         return Cursor(self)
 
+    def paths(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        """The token ids of every admissible action in the trie, and of every free-text template's prefix."""
+        fixed, templates = [], []
+        stack = [((), self.root)]
+        while stack:
+            prefix, node = stack.pop()
+            for key, child in node.items():
+                if key == _END:
+                    fixed.append(prefix)
+                elif key == _FREE:
+                    templates.append(prefix)
+                else:
+                    stack.append((prefix + (key,), child))
+        return fixed, templates
+
 
 class Cursor:
     """Where one response is in the trie: which tokens may come next, and whether it is complete."""

@@ -105,7 +105,7 @@ class NoveltyStore:
 class GroupNovelty:
     """A copy of a novelty store for one group's rollout, recording its visits.
 
-    `replay_on(store)` then makes the same visits on the shared store, so groups played
+    `replay(visits, store)` then makes the same visits on the shared store, so groups played
     apart (other processes) update it exactly as if their visits had happened there, in group order.
     """
 

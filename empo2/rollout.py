@@ -165,9 +165,9 @@ class Roller:
         self.history_turns = history_turns
         self.think_first = think_first
         self.engine = engine
+        """A vLLM engine that samples the rollouts (empo2.vllm_engine); None: the policy itself (GroupGenerator)."""
         self.repeat_tips = repeat_tips
         """Show a tip again at later steps that retrieve it (False: once per episode; see EMPO2Config)."""
-        """A vLLM engine that samples the rollouts (empo2.vllm_engine); None: the policy itself (GroupGenerator)."""
         self.timer = RolloutTimer()
         self.last_generator: GroupGenerator | None = None
 

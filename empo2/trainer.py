@@ -155,7 +155,8 @@ class Trainer:
                    leave=False, disable=not self.show_progress)
         for g in mine:
             self.sampler.manual_seed(group_seed(cfg.seed, self.iteration, g))
-            novelty = self.roller.novelty = GroupNovelty(self.novelty)  # the store as of the iteration's start
+            # The novelty store as of the iteration's start; its visits are replayed on it after all groups.
+            novelty = self.roller.novelty = GroupNovelty(self.novelty) if cfg.uses_novelty else None
             with self.precision():
                 group = self.roller.run(
                     self.envs, [int(variations[g])] * cfg.group_size, modes[g * cfg.group_size:][: cfg.group_size],
@@ -168,7 +169,7 @@ class Trainer:
             played[g] = {"advantages": advantages, "decisions": [decision_tokens(e) for e in group],
                          "rows": [episode_row(e, self.iteration + 1, "train", float(a)) for e, a in zip(group, advantages)],
                          "tips": self.roller.tip_entries(group) if cfg.writes_tips else None,
-                         "visits": novelty.visits}
+                         "visits": novelty.visits if novelty else []}
         bar.close()
         self.roller.novelty = self.novelty
         played = self.processes.gather(played)  # every group's records, on every process

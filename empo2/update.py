@@ -129,7 +129,7 @@ class PolicyUpdate:
         # Zero-advantage episodes have exactly zero policy gradient; without a KL term
         # they only count towards the token normaliser, so their forward passes are skipped.
         has_gradient = [bool(a != 0) or cfg.kl_beta > 0 for a in advantages.tolist()]
-        needs_pass = [g and e is not None for g, e in zip(has_gradient, episodes)]  # ... here
+        needs_pass = [g and e is not None for g, e in zip(has_gradient, episodes)]  # ... and played here
         size = cfg.minibatch_episodes or len(episodes)
         orders = [self.rng.permutation(len(episodes)) for _ in range(cfg.ppo_epochs)]
         # Until the first optimiser step θ_old = θ, so where θ_old and θ score the same context the first

@@ -60,7 +60,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from empo2.constrained import _END, _FREE, ActionConstraint, Cursor
+from empo2.constrained import ActionConstraint, Cursor
 from empo2.generation import GroupGenerator, Response
 
 MIN_VLLM = (0, 10, 1)
@@ -180,22 +180,6 @@ def sampled_tokens(output) -> tuple[list[int], list[float]]:
             raise ValueError(f"vllm output: no log-prob for the sampled token {token} at position {position}")
         logprobs.append(float(entry[token].logprob))
     return ids, logprobs
-
-
-def trie_paths(constraint: ActionConstraint) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """The token ids of every admissible action in the trie, and of every free-text template's prefix."""
-    fixed, templates = [], []
-    stack = [((), constraint.root)]
-    while stack:
-        prefix, node = stack.pop()
-        for key, child in node.items():
-            if key == _END:
-                fixed.append(prefix)
-            elif key == _FREE:
-                templates.append(prefix)
-            else:
-                stack.append((prefix + (key,), child))
-    return fixed, templates
 
 
 def follow_trie(constraint: ActionConstraint, tokens: list[int], logprobs: list[float]) -> Response | None:
@@ -328,7 +312,7 @@ class VLLMGenerator:
         """The action strings of a constraint and its longest action in tokens (None: it has free-text templates)."""
         cached = self._choices.get(id(constraint))
         if cached is None or cached[0] is not constraint:
-            fixed, templates = trie_paths(constraint)
+            fixed, templates = constraint.paths()
             choices = None if templates else [self.tokenizer.decode(ids) for ids in fixed]
             cached = self._choices[id(constraint)] = (constraint, choices, max(map(len, fixed), default=0))
         return cached[1], cached[2]

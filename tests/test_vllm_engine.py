@@ -171,9 +171,9 @@ def test_sampled_tokens_reads_the_sampled_tokens_logprob_not_the_top_ones():
 
 def test_trie_paths_give_back_the_action_strings(tok):
     encoder = ActionEncoder(tok)
-    fixed, templates = ve.trie_paths(encoder.constraint(ACTIONS))
+    fixed, templates = encoder.constraint(ACTIONS).paths()
     assert sorted(tok.decode(ids) for ids in fixed) == sorted(ACTIONS) and templates == []
-    fixed, templates = ve.trie_paths(encoder.constraint(WEBSHOP))
+    fixed, templates = encoder.constraint(WEBSHOP).paths()
     assert sorted(tok.decode(ids) for ids in fixed) == ["click[back to search]", "click[buy now]"]
     assert [tok.decode(ids) for ids in templates] == ["search["]
 
