@@ -4,7 +4,7 @@
 
 Profiles:
     ci      minutes on a 2-core CPU: tiny budgets, the real ScienceWorld and default model
-    laptop  15-30 minutes per training run on a 2-core CPU (constrained action decoding)
+    laptop  at most about 30 minutes per training run on a 2-core CPU (constrained action decoding)
     paper   the paper's settings (its appendix D) with Qwen2.5-7B-Instruct, for GPUs
 
 Methods are configurations of the same trainer:
@@ -331,17 +331,20 @@ PROFILE_VALUES: dict[str, dict] = {
         response_tokens=12, tip_tokens=16, iterations=2, eval_every=2, checkpoint_every=1,
         lora_rank=4, lora_alpha=8, lr=1e-4, action_decoding="constrained",
     ),
-    # About 15 minutes per training run on a 2-core CPU: one group of 8 episodes of at most 15 steps
-    # per iteration, 6 iterations (48 training episodes, 2 optimiser steps each iteration), and one
-    # evaluation of 20 test episodes (5 test variations x 4 samples; power-component's test split
-    # has only 5 variations) at the end. Constrained decoding:
-    # the 135M model cannot write ScienceWorld commands, so it chooses among the admissible ones.
-    # 15 steps, not power-component's 30: a group of 8 x 15 steps takes about 65 s to play here,
-    # 30 steps about 2.5 times that (the conversation, and so the cache, grows every step).
+    # At most about 30 minutes per training run on a 2-core CPU: one group of 8 episodes of at most
+    # 15 steps per iteration, 10 iterations (80 training episodes, 2 optimiser steps each iteration),
+    # and one evaluation of 20 test episodes (5 test variations x 4 samples; power-component's test
+    # split has only 5 variations) at the end. Constrained decoding: the 135M model cannot write
+    # ScienceWorld commands, so it chooses among the admissible ones. Each retrieved tip is shown once
+    # per episode (repeat_tips=False): an EMPO2 iteration then takes about 124 s here instead of 364 s
+    # (`python -m empo2.bench`), against about 88 s for GRPO.
+    # 15 steps, not power-component's 30: the conversation, and so the cache, grows every step, and a
+    # group of 8 x 30 steps takes about 3 times as long as 8 x 15 (and more memory than 24 GB with tips).
     "laptop": dict(
         group_size=8, groups_per_iteration=1, n_train_variations=5, n_test_variations=5, eval_samples=4,
-        max_steps=15, response_tokens=12, tip_tokens=32, iterations=6, eval_every=6, checkpoint_every=2,
+        max_steps=15, response_tokens=12, tip_tokens=32, iterations=10, eval_every=10, checkpoint_every=2,
         minibatch_episodes=4, lora_rank=8, lora_alpha=16, lr=1e-4, action_decoding="constrained",
+        repeat_tips=False,
     ),
     # The paper's settings (appendix D) with Qwen2.5-7B-Instruct: full fine-tuning at lr 1e-6 on GPUs.
     "paper": dict(

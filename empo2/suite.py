@@ -14,21 +14,27 @@ from empo2.paper import SCIENCEWORLD_TABLE1
 MAIN_TASK = "power-component"
 SEEDS = {"ci": (0, 1), "laptop": (0, 1, 2), "paper": (0, 1, 2)}
 
-# Laptop runs committed before constrained decoding existed: free text snapped to actions,
-# 4 episodes x 10 steps, 12 iterations, 5 test episodes. Their notebooks (05-08, 10 and the
-# 18-task table) read them as they are, with these settings, until they are trained again at
-# the current laptop profile; the main comparison (notebooks 01, 02, 04, 09) is already new.
+# Committed laptop runs made before the current laptop profile, and the settings they were made with.
+# Notebooks read each experiment's runs as they are until that experiment is retrained from one commit
+# (`python -m empo2.suite laptop GROUP --current` ignores this table); an experiment leaves the table when
+# its new runs land. The free-text runs: free text snapped to actions, 4 episodes x 10 steps, 12 iterations.
 FREE_TEXT_LAPTOP = dict(action_decoding="free", group_size=4, n_test_variations=5, max_steps=10, iterations=12,
-                        eval_every=4, checkpoint_every=4, eval_samples=1, minibatch_episodes=0)
+                        eval_every=4, checkpoint_every=4, eval_samples=1, minibatch_episodes=0, repeat_tips=True)
 FREE_TEXT_LAPTOP_WEBSHOP = dict(action_decoding="free", group_size=4, checkpoint_every=4, eval_samples=1,
-                                minibatch_episodes=0)
-FREE_TEXT_EXPERIMENTS = ("scienceworld", "ablation-modes", "sweep-pq", "intrinsic", "naive-18", "webshop", "ood")
+                                minibatch_episodes=0, repeat_tips=True)
+# The constrained main comparison before tips were shown once and runs grew to 10 iterations.
+FIRST_CONSTRAINED_LAPTOP = dict(iterations=6, eval_every=6, repeat_tips=True)
+EARLIER_LAPTOP = {
+    "power-component": FIRST_CONSTRAINED_LAPTOP,
+    **{experiment: FREE_TEXT_LAPTOP
+       for experiment in ("scienceworld", "ablation-modes", "sweep-pq", "intrinsic", "naive-18", "ood")},
+    "webshop": FREE_TEXT_LAPTOP_WEBSHOP,
+}
 
 
 def _cfg(profile: str, results_dir: str, experiment: str, **overrides) -> EMPO2Config:
-    if profile == "laptop" and experiment in FREE_TEXT_EXPERIMENTS:
-        legacy = FREE_TEXT_LAPTOP_WEBSHOP if overrides.get("env") == "webshop" else FREE_TEXT_LAPTOP
-        overrides = {**legacy, **overrides}
+    if profile == "laptop" and experiment in EARLIER_LAPTOP:
+        overrides = {**EARLIER_LAPTOP[experiment], **overrides}
     return EMPO2Config.from_profile(profile, results_dir=f"{results_dir}/{profile}", experiment=experiment,
                                     **overrides)
 
@@ -42,19 +48,20 @@ def main_comparison(profile: str, results_dir: str = "results") -> list[EMPO2Con
 def baselines(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """Naive (the untrained model under the same decoding, one evaluation per seed) and memory-only.
 
-    At the laptop profile memory-only has not been run under constrained decoding yet; it joins
-    when the committed results are regenerated (until then `make run` would train it for minutes).
+    The committed laptop runs before the current profile have no memory-only run (it joins when they
+    are regenerated; until then `make run` would train it).
     """
     naive = [_cfg(profile, results_dir, "power-component", method="naive", task=MAIN_TASK, seed=seed)
              for seed in SEEDS[profile]]
-    if profile == "laptop":
+    if profile == "laptop" and "power-component" in EARLIER_LAPTOP:
         return naive
     return naive + [_cfg(profile, results_dir, "power-component", method="memory_only", task=MAIN_TASK, seed=0)]
 
 
 def free_text_main_run(profile: str, method: str, results_dir: str = "results") -> EMPO2Config:
-    """The seed-0 main run that the not-yet-retrained laptop experiments share (free-text decoding)."""
-    experiment = "scienceworld" if profile == "laptop" else "power-component"
+    """The seed-0 main run that variants equal to it share (at the laptop profile, until the
+    free-text runs are retrained, the free-text main run)."""
+    experiment = "scienceworld" if profile == "laptop" and "scienceworld" in EARLIER_LAPTOP else "power-component"
     return _cfg(profile, results_dir, experiment, method=method, task=MAIN_TASK, seed=0)
 
 
@@ -102,7 +109,7 @@ def intrinsic_sweep(profile: str, results_dir: str = "results") -> dict[str, EMP
 def webshop_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """Naive, memory-only, GRPO and EMPO² on the shipped WebShop data (Table 2 shape)."""
     runs = [_cfg(profile, results_dir, "webshop", env="webshop", method=m, seed=0) for m in ("naive", "memory_only")]
-    seeds = (0, 1) if profile == "laptop" else SEEDS[profile]  # the free-text laptop runs had two seeds
+    seeds = (0, 1) if profile == "laptop" and "webshop" in EARLIER_LAPTOP else SEEDS[profile]  # free text: two
     runs += [_cfg(profile, results_dir, "webshop", env="webshop", method=m, seed=seed)
              for m in ("grpo", "empo2") for seed in seeds]
     return runs
@@ -125,7 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("groups", nargs="+", choices=sorted(GROUPS))
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--current", action="store_true",
+                        help="the current profile's runs, not the committed earlier ones (EARLIER_LAPTOP)")
     args = parser.parse_args(argv)
+    if args.current:
+        EARLIER_LAPTOP.clear()
     for group in args.groups:
         configs = GROUPS[group](args.profile, args.results_dir)
         for cfg in configs.values() if isinstance(configs, dict) else configs:
