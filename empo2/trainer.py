@@ -221,6 +221,7 @@ class Trainer:
     def evaluate(self) -> dict:
         """Score the policy on the test variations, WITHOUT memory (memory_only: with it)."""
         cfg = self.cfg
+        started = time.perf_counter()
         mode = MEMORY_ON_POLICY if cfg.eval_with_memory else PLAIN
         variations = [v for v in self.test_variations for _ in range(cfg.eval_samples)]
         chunks = [variations[start : start + len(self.envs)] for start in range(0, len(variations), len(self.envs))]
@@ -243,7 +244,7 @@ class Trainer:
         return {"eval/score": float(scores.mean()), "eval/score_std": float(scores.std()),
                 "eval/score_low": low, "eval/score_high": high,
                 "eval/success": float(np.mean([r["success"] for r in rows])),
-                "eval/episodes": len(rows)}
+                "eval/episodes": len(rows), "time/evaluation": time.perf_counter() - started}
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path | None:
