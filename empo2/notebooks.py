@@ -6,7 +6,8 @@
     python -m empo2.notebooks --force              # retrain instead of reusing saved runs
 
 Executed copies go to `results/executed/`, figures to `results/figures/` (the
-notebooks save them). Saved runs whose config matches are reused, so on a fresh
+notebooks save them); then `empo2.report` writes `results/README.md` (every run)
+and the README's table of claims. Saved runs whose config matches are reused, so on a fresh
 clone this regenerates every figure from the committed results.
 
 The copies are meant to be read: progress bars are switched off while they run
@@ -119,6 +120,10 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as error:  # keep going: one broken notebook should not hide the others
             failures.append(path.name)
             print(f"  FAILED after {time.perf_counter() - started:.0f} s: {type(error).__name__}: {error}")
+    from empo2 import report
+
+    report.write(results_dir)  # the index of runs and the table of claims, from what is saved now
+    print(f"wrote {_relative(results_dir / 'README.md')}", flush=True)
     if failures:
         sys.exit(f"{len(failures)} notebook(s) failed: {', '.join(failures)}")
 
