@@ -160,6 +160,10 @@ class EMPO2Config:
     """Gradient clipping by global norm."""
     packed_logprobs: bool = True
     """Score a whole append-only episode in one forward pass (else one pass per turn)."""
+    shard_optimizer: bool = False
+    """With several processes, each keeps only its 1/W share of AdamW's state (ZeRO stage 1, torch's
+    ZeroRedundancyOptimizer): 8 bytes a trained parameter become 8/W. For full fine-tuning of large
+    models; one process ignores it."""
     # --- schedule -----------------------------------------------------------------
     iterations: int = 20
     """Training iterations (naive: ignored; it only evaluates)."""
@@ -348,7 +352,7 @@ PROFILE_VALUES: dict[str, dict] = {
     ),
     # The paper's settings (appendix D) with Qwen2.5-7B-Instruct: full fine-tuning at lr 1e-6 on GPUs.
     "paper": dict(
-        model="Qwen/Qwen2.5-7B-Instruct", device="cuda", lora_rank=0, lr=1e-6,
+        model="Qwen/Qwen2.5-7B-Instruct", device="cuda", lora_rank=0, lr=1e-6, shard_optimizer=True,
         group_size=8, groups_per_iteration=16, n_train_variations=5, n_test_variations=20,
         response_tokens=32, tip_tokens=100, iterations=250, eval_every=10, checkpoint_every=10,
         minibatch_episodes=32,

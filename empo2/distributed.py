@@ -14,6 +14,8 @@ What stays the same whatever the number of processes W:
 - The loss of a mini-batch is divided by the token count of the GLOBAL mini-batch and the
   gradients are summed over the processes: the step equals that of one process playing all groups.
 - Process 0 alone writes results and checkpoints.
+- With `shard_optimizer` each process keeps AdamW's state for its share of the parameters only
+  (ZeRO stage 1), so full fine-tuning needs 4 (weights) + 4 (gradients) + 8/W bytes a parameter.
 
 The policy is not wrapped in DistributedDataParallel: the update runs several backward passes per
 optimiser step (one per forward pass, see empo2.update) on internals of the model, so gradients are
@@ -75,6 +77,27 @@ class Processes:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             p.grad = reduce(p.grad, reduction="sum")
+
+    def optimizer(self, parameters: list[torch.Tensor], *, lr: float, shard: bool = False) -> torch.optim.Optimizer:
+        """AdamW over `parameters`; with `shard` and several processes, ZeRO stage 1: each process keeps the
+        moments of its share of the parameters only, steps that share and broadcasts it to the others.
+
+        Not FSDP: FSDP gathers parameters in every forward and reduces gradients in every backward, so all
+        processes must run the same passes in lockstep, while here each plays its own episodes (different
+        decode steps) and runs one update pass per episode it holds. Sharding only the optimizer keeps
+        forward and backward local; the gradients are summed as before (`sum_gradients`).
+        """
+        if not shard or self.size == 1:
+            return torch.optim.AdamW(parameters, lr=lr)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(parameters, optimizer_class=torch.optim.AdamW, lr=lr)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The whole optimizer state on process 0 (None elsewhere); every process must call it."""
+        if hasattr(optimizer, "consolidate_state_dict"):  # sharded: gather the shares on process 0
+            optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if self.is_main else None
 
     def wait(self) -> None:
         if self.accelerator is not None:

@@ -256,11 +256,12 @@ class Trainer:
             "torch_global": torch.get_rng_state(),
             "sampler": self.sampler.get_state(),
         }})
+        optimizer = self.processes.optimizer_state(self.update.optimizer) if self.update is not None else None
         if self.processes.is_main:
             with self.folder.new_checkpoint(self.iteration) as partial:
                 torch.save(self.trainable_state(), partial / "weights.pt")
-                if self.update is not None:
-                    torch.save(self.update.optimizer.state_dict(), partial / "optimizer.pt")
+                if optimizer is not None:
+                    torch.save(optimizer, partial / "optimizer.pt")
                 self.memory.save(partial / "memory")
                 torch.save({"iteration": self.iteration, "novelty": self.novelty.state_dict(),
                             "processes": [generators[rank] for rank in sorted(generators)]}, partial / "state.pt")

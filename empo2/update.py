@@ -109,7 +109,7 @@ class PolicyUpdate:
         self.precision = precision
         self.device = next(model.parameters()).device
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr)
+        self.optimizer = self.processes.optimizer(self.trainable, lr=cfg.lr, shard=cfg.shard_optimizer)
         self.loss = HybridLoss(cfg)
         self.reuse_old_logprobs = True
         """Take θ_old's log-probs from the first gradient pass where θ_old = θ and the contexts agree (before the

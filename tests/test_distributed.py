@@ -74,3 +74,31 @@ def test_two_processes_resume_exactly(runs):
     assert rows(runs, "resumed", "episodes.jsonl") == rows(runs, "two", "episodes.jsonl")
     assert ([untimed(r) for r in rows(runs, "resumed", "metrics.jsonl")]
             == [untimed(r) for r in rows(runs, "two", "metrics.jsonl")])
+
+
+def test_full_fine_tuning_with_the_optimizer_sharded_takes_the_one_process_steps(tmp_path):
+    launch(tmp_path, "one", 1, "--full")
+    launch(tmp_path, "two", 2, "--full", "--stop-after", "1")
+    launch(tmp_path, "two", 2, "--full", "--resume")  # the sharded state is gathered into the checkpoint
+    one, rank0, rank1 = (torch.load(tmp_path / f"{n}.pt") for n in ("one-rank0", "two-rank0", "two-rank1"))
+    # Each process holds about half of AdamW's moments, together all of them.
+    assert rank0["optimizer_numbers"] + rank1["optimizer_numbers"] == one["optimizer_numbers"] > 0
+    assert max(rank0["optimizer_numbers"], rank1["optimizer_numbers"]) < 0.75 * one["optimizer_numbers"]
+    assert all(torch.equal(rank0["weights"][k], rank1["weights"][k]) for k in rank0["weights"])
+    assert rows(tmp_path, "one", "episodes.jsonl") == rows(tmp_path, "two", "episodes.jsonl")
+    first = [torch.load(tmp_path / "distributed" / n / "checkpoints" / "iter-00001" / "weights.pt") for n in ("one", "two")]
+    for name, value in first[0].items():
+        torch.testing.assert_close(first[1][name], value, atol=1e-7, rtol=0)
+    for name, value in one["weights"].items():
+        torch.testing.assert_close(rank0["weights"][name], value, atol=2 * 1e-5, rtol=0)
+
+
+def test_the_paper_profile_accelerate_config_is_one_process_per_gpu_on_eight_gpus():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from empo2.config import EMPO2Config
+
+    config = load_config_from_file(str(SCRIPT.parents[1] / "scripts" / "accelerate_paper.yaml"))
+    assert (config.distributed_type, config.num_processes, config.use_cpu) == ("MULTI_GPU", 8, False)
+    paper = EMPO2Config.from_profile("paper")
+    assert paper.shard_optimizer and paper.lora_rank == 0 and paper.groups_per_iteration % config.num_processes == 0
