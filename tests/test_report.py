@@ -44,3 +44,11 @@ def test_claims_compute_a_difference_with_an_interval_from_saved_runs():
         difference, interval = ours.split(" [")[0].split()[-1], ours.split(" [")[1].split("]")[0]
         low, high = (float(x) for x in interval.split(", "))
         assert low <= float(difference) <= high
+
+
+def test_the_committed_index_and_claims_table_are_current():
+    """`python -m empo2.report` was run after the committed runs last changed."""
+    assert (ROOT / "results" / "README.md").read_text() == report.results_readme(ROOT / "results")
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split(report.CLAIMS_START)[1].split(report.CLAIMS_END)[0].strip()
+    assert table == report.claims_markdown(report.claims(ROOT / "results", "laptop"))
