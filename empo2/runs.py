@@ -48,7 +48,9 @@ def provenance() -> dict:
             pass
     return {
         "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        # Dirty: tracked code or notebooks differ from the commit. results/ is left out: runs and executed
+        # notebooks written there are outputs, and they do not change what a run computes.
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")),
         "packages": versions,
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
