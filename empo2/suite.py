@@ -22,12 +22,9 @@ FREE_TEXT_LAPTOP = dict(action_decoding="free", group_size=4, n_test_variations=
                         eval_every=4, checkpoint_every=4, eval_samples=1, minibatch_episodes=0, repeat_tips=True)
 FREE_TEXT_LAPTOP_WEBSHOP = dict(action_decoding="free", group_size=4, checkpoint_every=4, eval_samples=1,
                                 minibatch_episodes=0, repeat_tips=True)
-# The constrained main comparison before tips were shown once and runs grew to 10 iterations.
-FIRST_CONSTRAINED_LAPTOP = dict(iterations=6, eval_every=6, repeat_tips=True)
 EARLIER_LAPTOP = {
-    "power-component": FIRST_CONSTRAINED_LAPTOP,
     **{experiment: FREE_TEXT_LAPTOP
-       for experiment in ("scienceworld", "ablation-modes", "sweep-pq", "intrinsic", "naive-18", "ood")},
+       for experiment in ("scienceworld", "ablation-modes", "sweep-pq", "intrinsic", "naive-18")},
     "webshop": FREE_TEXT_LAPTOP_WEBSHOP,
 }
 
@@ -46,15 +43,9 @@ def main_comparison(profile: str, results_dir: str = "results") -> list[EMPO2Con
 
 
 def baselines(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
-    """Naive (the untrained model under the same decoding, one evaluation per seed) and memory-only.
-
-    The committed laptop runs before the current profile have no memory-only run (it joins when they
-    are regenerated; until then `make run` would train it).
-    """
+    """Naive (the untrained model under the same decoding, one evaluation per seed) and memory-only."""
     naive = [_cfg(profile, results_dir, "power-component", method="naive", task=MAIN_TASK, seed=seed)
              for seed in SEEDS[profile]]
-    if profile == "laptop" and "power-component" in EARLIER_LAPTOP:
-        return naive
     return naive + [_cfg(profile, results_dir, "power-component", method="memory_only", task=MAIN_TASK, seed=0)]
 
 
