@@ -67,10 +67,14 @@ def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Con
 
 
 def _or_main_run(cfg: EMPO2Config, profile: str, results_dir: str) -> EMPO2Config:
-    """A variant whose settings are the main EMPO² seed-0 run's IS that run: trained once, shared."""
-    main = free_text_main_run(profile, "empo2", results_dir)
-    same = dataclasses.replace(cfg, experiment=main.experiment, run_name=main.run_name) == main
-    return main if same else cfg
+    """A variant whose settings are a main EMPO² seed-0 run's IS that run: trained once, shared.
+    (While free-text laptop runs are still read, their main run is a candidate too.)"""
+    candidates = [free_text_main_run(profile, "empo2", results_dir),
+                  _cfg(profile, results_dir, "power-component", method="empo2", task=MAIN_TASK, seed=0)]
+    for main in candidates:
+        if dataclasses.replace(cfg, experiment=main.experiment, run_name=main.run_name) == main:
+            return main
+    return cfg
 
 
 def mode_ablation(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:
