@@ -46,8 +46,9 @@ def run_row(folder: Path) -> dict:
     scores = experiments.final_test_scores(folder)
     low, high = bootstrap_interval(scores) if len(scores) else (np.nan, np.nan)
     return {
-        "experiment": cfg["experiment"], "run": folder.name, "method": cfg["method"], "task": cfg["task"]
-        if cfg["env"] == "scienceworld" else cfg["env"], "seed": cfg["seed"], "decoding": cfg.get("action_decoding", "free"),
+        "experiment": cfg["experiment"], "run": folder.name, "method": cfg["method"],
+        "task": cfg["task"] if cfg["env"] == "scienceworld" else cfg["env"], "seed": cfg["seed"],
+        "decoding": cfg.get("action_decoding", "free"),
         "budget": budget(cfg), "finished": (folder / "summary.json").exists(),
         "minutes": seconds / 60 if seconds else np.nan,
         "evaluation timed": "time/evaluation" in rows,
@@ -105,47 +106,47 @@ def _verdict(low: float, high: float) -> str:
     return "reproduced" if low > 0 else "opposite" if high < 0 else "within the noise"
 
 
-def claims(results_dir: str | Path = "results", profile: str = "laptop") -> pd.DataFrame:
-    """The paper's claims that the committed runs of `profile` test, each with our difference and verdict."""
+def claims(results_dir: str | Path = "results", profile: str = "laptop", notebook: str | None = None) -> pd.DataFrame:
+    """The paper's claims that the committed runs of `profile` test, each with our difference and verdict;
+    with `notebook` ("04" ... "10") only the claims that notebook tests (the others are not computed)."""
     results_dir = str(results_dir)
     main = suite.main_comparison(profile, results_dir) + suite.baselines(profile, results_dir)
     of = lambda method: [c for c in main if c.method == method]  # noqa: E731
     pc = dict(zip(paper.SCIENCEWORLD_METHODS, paper.SCIENCEWORLD_TABLE1["power-component"]))
-    rows = [
-        _difference_claim("EMPO² learns more than GRPO", "04, Fig. 1a",
-                          f"{pc['EMPO2']} vs {pc['GRPO']}", of("empo2"), of("grpo"), "EMPO² − GRPO"),
-        _difference_claim("GRPO training beats the untrained model", "04, Table 1",
-                          f"{pc['GRPO']} vs {pc['Naive']}", of("grpo"), of("naive"), "GRPO − Naive"),
-        _difference_claim("EMPO² training beats the untrained model", "04, Table 1",
-                          f"{pc['EMPO2']} vs {pc['Naive']}", of("empo2"), of("naive"), "EMPO² − Naive"),
-        _difference_claim("EMPO² beats a memory of tips without weight updates", "04, Table 1",
-                          f"{pc['EMPO2']} vs {pc['Reflexion']} (Reflexion)", of("empo2"), of("memory_only"),
-                          "EMPO² − memory-only"),
-    ]
     ablation = suite.mode_ablation(profile, results_dir)
     full = [ablation["EMPO2 (full)"]]
-    rows += [
-        _difference_claim("Off-policy updates help", "06, App. F", "full > without (no number)", full,
-                          [ablation["without off-policy"]], "full − (q = 0)"),
-        _difference_claim("On-policy-with-memory updates help", "06, App. F", "full > without (no number)", full,
-                          [ablation["without on-policy with memory"]], "full − (q = 1)"),
-    ]
     sweep = suite.pq_sweep(profile, results_dir)
-    rows.append(_difference_claim("p = 0.1 learns like GRPO, below p = 0.25", "07, App. F.1",
-                                  "p = 0.25 > p = 0.1 (curves)", [sweep["p=0.25"]], [sweep["p=0.1"]],
-                                  "(p = 0.25) − (p = 0.1)"))
     intrinsic = suite.intrinsic_sweep(profile, results_dir)
-    rows.append(_difference_claim("The novelty reward helps", "08, App. F.2", "1x > none (curves)",
-                                  [intrinsic["1.0x"]], [intrinsic["none"]], "1x − none"))
     shop = suite.webshop_runs(profile, results_dir)
     webshop = lambda method: [c for c in shop if c.method == method]  # noqa: E731
-    rows.append(_difference_claim("EMPO² beats GRPO on WebShop", "10, Table 2",
-                                  f"{paper.WEBSHOP_TABLE2['EMPO2'][0]} vs {paper.WEBSHOP_TABLE2['GRPO'][0]}",
-                                  webshop("empo2"), webshop("grpo"), "EMPO² − GRPO"))
-    rows.append(ood_claim(Path(results_dir) / profile / "ood",
-                          earlier=profile == "laptop" and "scienceworld" in suite.EARLIER_LAPTOP))
-    rows.append(memory_cost_claim(of("empo2")))
-    return pd.DataFrame(rows)
+    rows = [  # (notebook, how to compute the row): each row bootstraps its runs, so only the asked ones run
+        ("04", lambda: _difference_claim("EMPO² learns more than GRPO", "04, Fig. 1a",
+                                         f"{pc['EMPO2']} vs {pc['GRPO']}", of("empo2"), of("grpo"), "EMPO² − GRPO")),
+        ("04", lambda: _difference_claim("GRPO training beats the untrained model", "04, Table 1",
+                                         f"{pc['GRPO']} vs {pc['Naive']}", of("grpo"), of("naive"), "GRPO − Naive")),
+        ("04", lambda: _difference_claim("EMPO² training beats the untrained model", "04, Table 1",
+                                         f"{pc['EMPO2']} vs {pc['Naive']}", of("empo2"), of("naive"), "EMPO² − Naive")),
+        ("04", lambda: _difference_claim("EMPO² beats a memory of tips without weight updates", "04, Table 1",
+                                         f"{pc['EMPO2']} vs {pc['Reflexion']} (Reflexion)", of("empo2"),
+                                         of("memory_only"), "EMPO² − memory-only")),
+        ("06", lambda: _difference_claim("Off-policy updates help", "06, App. F", "full > without (no number)", full,
+                                         [ablation["without off-policy"]], "full − (q = 0)")),
+        ("06", lambda: _difference_claim("On-policy-with-memory updates help", "06, App. F",
+                                         "full > without (no number)", full,
+                                         [ablation["without on-policy with memory"]], "full − (q = 1)")),
+        ("07", lambda: _difference_claim("p = 0.1 learns like GRPO, below p = 0.25", "07, App. F.1",
+                                         "p = 0.25 > p = 0.1 (curves)", [sweep["p=0.25"]], [sweep["p=0.1"]],
+                                         "(p = 0.25) − (p = 0.1)")),
+        ("08", lambda: _difference_claim("The novelty reward helps", "08, App. F.2", "1x > none (curves)",
+                                         [intrinsic["1.0x"]], [intrinsic["none"]], "1x − none")),
+        ("10", lambda: _difference_claim("EMPO² beats GRPO on WebShop", "10, Table 2",
+                                         f"{paper.WEBSHOP_TABLE2['EMPO2'][0]} vs {paper.WEBSHOP_TABLE2['GRPO'][0]}",
+                                         webshop("empo2"), webshop("grpo"), "EMPO² − GRPO")),
+        ("05", lambda: ood_claim(Path(results_dir) / profile / "ood",
+                                 earlier=profile == "laptop" and "scienceworld" in suite.EARLIER_LAPTOP)),
+        ("09", lambda: memory_cost_claim(of("empo2"))),
+    ]
+    return pd.DataFrame([row() for where, row in rows if notebook in (None, where)])
 
 
 def ood_claim(folder: Path, target_task: str = "test-conductivity", earlier: bool = False) -> dict:
@@ -170,7 +171,7 @@ def memory_cost_claim(configs) -> dict:
     """Memory operations' share of rollout time in EMPO² training (paper App. G: 19%)."""
     row = {"claim": "Memory operations are a modest share of rollout time", "where": "09, App. G",
            "paper": f"{paper.MEMORY_COST_SHARE_OF_ROLLOUT:.0%} ({paper.MEMORY_COST_SECONDS} s per iteration)"}
-    if _scores(configs) is None:
+    if not all(experiments.is_finished(c) for c in configs):
         return {**row, "ours": "not yet run at this profile", "verdict": "—"}
     frames = [experiments.metrics(experiments.run_dir(c)) for c in configs]
     per_iteration = pd.concat(frames)
@@ -189,7 +190,9 @@ def claims_markdown(table: pd.DataFrame) -> str:
 
 
 # ---------------------------------------------------------------------------- writing
-def results_readme(results_dir: Path, profiles: tuple[str, ...] = ("laptop", "ci")) -> str:
+def results_readme(results_dir: Path, profiles: tuple[str, ...] = ("laptop", "ci"), laptop_claims: str | None = None
+                   ) -> str:
+    """The index; `laptop_claims` is the laptop claims table when the caller has computed it already."""
     parts = ["# Results (generated by `python -m empo2.report`; do not edit)", "",
              "Every run under `results/<profile>/<experiment>/<run>/` with its config, git commit and package "
              "versions in `config.json`. Minutes: the run's summed iteration and evaluation times (`+`: its "
@@ -204,7 +207,8 @@ def results_readme(results_dir: Path, profiles: tuple[str, ...] = ("laptop", "ci
         commits = sorted(set(table["commit"]))
         parts += [f"## Profile `{profile}`: {len(table)} runs", "", f"Commits: {', '.join(commits)}.", ""]
         if profile == "laptop":
-            parts += ["### Claims", "", claims_markdown(claims(results_dir.resolve(), profile)), ""]
+            claims_table = laptop_claims or claims_markdown(claims(results_dir.resolve(), profile))
+            parts += ["### Claims", "", claims_table, ""]
         parts += ["### Runs", "", runs_markdown(table), ""]
     return "\n".join(parts)
 
@@ -213,7 +217,8 @@ def write(results_dir: str | Path = ROOT / "results", readme: Path | None = None
     """Write `results_dir`/README.md and the claims table between `readme`'s markers (if it has them);
     `readme` defaults to the repository's README.md when `results_dir` is the repository's results/."""
     results_dir = Path(results_dir)
-    (results_dir / "README.md").write_text(results_readme(results_dir))
+    table = claims_markdown(claims(results_dir.resolve(), "laptop"))
+    (results_dir / "README.md").write_text(results_readme(results_dir, laptop_claims=table))
     if readme is None and results_dir.resolve() == ROOT / "results":
         readme = ROOT / "README.md"
     if readme is not None and readme.exists():
@@ -221,7 +226,6 @@ def write(results_dir: str | Path = ROOT / "results", readme: Path | None = None
         if CLAIMS_START in text and CLAIMS_END in text:
             head, rest = text.split(CLAIMS_START, 1)
             _, tail = rest.split(CLAIMS_END, 1)
-            table = claims_markdown(claims(results_dir.resolve(), "laptop"))
             readme.write_text(f"{head}{CLAIMS_START}\n{table}\n{CLAIMS_END}{tail}")
 
 
