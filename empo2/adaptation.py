@@ -16,7 +16,7 @@ from empo2.config import EMPO2Config
 from empo2.envs import env_from_config
 from empo2.loss import MEMORY_ON_POLICY
 from empo2.memory import TipMemory
-from empo2.models import Embedder, load_policy
+from empo2.models import Embedder, load_policy, load_trained_weights
 from empo2.rollout import Roller
 
 
@@ -25,11 +25,7 @@ def load_trained_policy(cfg: EMPO2Config, weights: Path | None):
     model, tokenizer = load_policy(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                    lora_target_modules=cfg.lora_target_modules, device=cfg.device)
     if weights is not None:
-        state = torch.load(weights)
-        named = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, value in state.items():
-                named[name].copy_(value)
+        load_trained_weights(model, weights)
     model.requires_grad_(False)
     return model, tokenizer
 

@@ -72,6 +72,9 @@ class EMPO2Config:
     """Policy: `smollm2-135m` (embedded), a local folder, or a Hugging Face id already on disk."""
     embedder: str = "all-minilm-l6-v2"
     """State embedder for memory keys and novelty (embedded default, 384-d)."""
+    init_weights: str = ""
+    """Start from another run's trained weights: its folder as `experiment/run_name` under results_dir
+    (its `final_weights.pt`); empty: the base model. With method naive this evaluates a trained policy."""
     lora_rank: int = 8
     """LoRA rank; 0 trains all weights (full fine-tuning)."""
     lora_alpha: int = 16

@@ -215,6 +215,28 @@ def compare_methods(folders_a: list[Path], folders_b: list[Path]) -> dict:
     return {"difference": difference, "95% low": low, "95% high": high, "verdict": verdict}
 
 
+def policy_comparison(folders: dict[str, list[Path]], baseline: str) -> pd.DataFrame:
+    """Per policy (label -> its runs, one per seed): mean final test score and the share of test episodes
+    that end at −100, each with its 95% interval (seeds, then episodes), and each one's difference from
+    `baseline` with its interval."""
+    from empo2.stats import seed_bootstrap_difference, seed_bootstrap_interval
+
+    scores = {label: [final_test_scores(f) for f in chosen] for label, chosen in folders.items()}
+    rows = []
+    for label, per_seed in scores.items():
+        row = {"policy": label, "seeds": len(per_seed), "test episodes": int(sum(len(s) for s in per_seed))}
+        for name, values in (("score", per_seed), ("ended at -100", [s <= -100 for s in per_seed])):
+            low, high = seed_bootstrap_interval(values)
+            row |= {name: float(np.mean([v.mean() for v in values])), f"{name} 95% low": low, f"{name} 95% high": high}
+            if label != baseline:
+                base = scores[baseline] if name == "score" else [s <= -100 for s in scores[baseline]]
+                difference, low, high = seed_bootstrap_difference(values, base)
+                row |= {f"{name} vs {baseline}": difference, f"{name} vs {baseline} 95% low": low,
+                        f"{name} vs {baseline} 95% high": high}
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("policy")
+
+
 def save_figure(figure, name: str, results_dir: str = "results") -> None:
     """Save a matplotlib figure as results/figures/<name>.png (150 dpi).
 

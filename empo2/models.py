@@ -169,6 +169,19 @@ def load_policy(
     return model, tokenizer
 
 
+def load_trained_weights(model, path) -> None:
+    """Copy a run's saved trainable weights (`final_weights.pt`: parameter name -> tensor) into `model`."""
+    state = torch.load(path)
+    named = dict(model.named_parameters())
+    unknown = sorted(set(state) - set(named))
+    if unknown:
+        raise ValueError(f"{path}: {len(unknown)} weights do not fit this model (first: {unknown[0]}); "
+                         "load it into a policy with the run's lora_rank and lora_target_modules")
+    with torch.no_grad():
+        for name, value in state.items():
+            named[name].copy_(value)
+
+
 class Embedder:
     """Sentence embedder: mean-pooled, L2-normalised vectors, batched, no gradients.
 

@@ -56,6 +56,21 @@ def free_text_main_run(profile: str, method: str, results_dir: str = "results") 
     return _cfg(profile, results_dir, experiment, method=method, task=MAIN_TASK, seed=0)
 
 
+def training_temperature(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
+    """The main comparison's final policies, and the untrained one, tested again at the training temperature
+    (the main test samples at eval_temperature, 0.4): run `<source>-seed<k>` evaluates seed k's final weights
+    of `source` (untrained: the base model) on the same test variations with the same sampling seeds."""
+    temperature = EMPO2Config.from_profile(profile).temperature
+    runs = []
+    for seed in SEEDS[profile]:
+        sources = {"untrained": ""} | {main.method: f"{main.experiment}/{main.name}"
+                                       for main in main_comparison(profile, results_dir) if main.seed == seed}
+        runs += [_cfg(profile, results_dir, "training-temperature", method="naive", task=MAIN_TASK, seed=seed,
+                      eval_temperature=temperature, init_weights=weights, run_name=f"{source}-seed{seed}")
+                 for source, weights in sources.items()]
+    return runs
+
+
 def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """The default model without training on the paper's 18 tasks (a few test variations each)."""
     tasks = list(SCIENCEWORLD_TABLE1)
@@ -111,7 +126,7 @@ def webshop_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config
 
 
 GROUPS = {
-    "main": main_comparison, "baselines": baselines, "naive18": naive_all_tasks,
+    "main": main_comparison, "baselines": baselines, "temperature": training_temperature, "naive18": naive_all_tasks,
     "ablation": mode_ablation, "sweep": pq_sweep, "intrinsic": intrinsic_sweep, "webshop": webshop_runs,
 }
 

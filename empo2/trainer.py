@@ -42,7 +42,7 @@ from empo2.distributed import Processes, group_seed
 from empo2.envs import env_from_config
 from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, PLAIN
 from empo2.memory import TipMemory
-from empo2.models import Embedder, load_policy
+from empo2.models import Embedder, load_policy, load_trained_weights
 from empo2.novelty import GroupNovelty, NoveltyStore, replay
 from empo2.rollout import Roller, RolloutTimer, draw_modes
 from empo2.runs import RunFolder, episode_row, provenance
@@ -55,6 +55,10 @@ class Trainer:
 
     def __init__(self, cfg: EMPO2Config, *, resume: bool = False, show_progress: bool = True):
         self.cfg = cfg
+        initial_weights = Path(cfg.results_dir) / cfg.init_weights / "final_weights.pt" if cfg.init_weights else None
+        if initial_weights is not None and not initial_weights.is_file():
+            raise ValueError(f"init_weights: {cfg.init_weights!r} has no final_weights.pt under {cfg.results_dir}; "
+                             "name a finished run as experiment/run_name")
         self.processes = Processes(cfg.device)
         self.show_progress = show_progress and self.processes.is_main
         self.folder = RunFolder(Path(cfg.results_dir) / cfg.experiment / cfg.name, writes=self.processes.is_main)
@@ -68,11 +72,13 @@ class Trainer:
 
         self.full_finetune = cfg.trains_weights and cfg.lora_rank == 0
         self.model, self.tokenizer = load_policy(
-            cfg.model, lora_rank=cfg.lora_rank if cfg.trains_weights else 0, lora_alpha=cfg.lora_alpha,
+            cfg.model, lora_rank=cfg.lora_rank if cfg.trains_weights or initial_weights else 0, lora_alpha=cfg.lora_alpha,
             lora_target_modules=cfg.lora_target_modules, device=self.processes.device,
             # Full fine-tuning keeps float32 master weights and runs the maths in bf16 autocast.
             dtype=torch.float32 if self.full_finetune else None,
         )
+        if initial_weights is not None:
+            load_trained_weights(self.model, initial_weights)
         if not cfg.trains_weights:
             self.model.requires_grad_(False)
         self.update = (PolicyUpdate(self.model, cfg, self.rng, self.precision, self.processes)

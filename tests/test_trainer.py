@@ -89,6 +89,34 @@ def test_naive_and_memory_only_do_not_touch_weights(tmp_path):
             assert metrics["memory/size"] > 0 and metrics["train/episodes/plain"] == 0
 
 
+def test_a_trained_runs_weights_evaluated_again_play_its_final_evaluation(tmp_path):
+    """init_weights with method naive evaluates a finished run's policy: greedy, it replays that run's final
+    evaluation exactly (the way notebook 04 tests trained weights at another temperature)."""
+    trained = _cfg(tmp_path, p=0.0, eval_temperature=0.0, intrinsic_coef=1.0, checkpoint_every=0)
+    with Trainer(trained, show_progress=False) as trainer:
+        trainer.train()
+    saved = torch.load(tmp_path / "test" / trained.name / "final_weights.pt")
+    assert any(value.abs().sum() > 0 for name, value in saved.items() if "lora_B" in name)
+
+    again = _cfg(tmp_path, method="naive", eval_temperature=0.0, init_weights=f"test/{trained.name}",
+                 run_name="again")
+    with Trainer(again, show_progress=False) as trainer:
+        loaded = dict(trainer.model.named_parameters())
+        assert all(torch.equal(loaded[name], value) for name, value in saved.items())
+        trainer.train()
+    final = [r for r in _rows(tmp_path / "test" / trained.name / "episodes.jsonl")
+             if r["phase"] == "eval" and r["iteration"] == trained.iterations]
+    replayed = _rows(tmp_path / "test" / "again" / "episodes.jsonl")
+    assert [(r["actions"], r["score"]) for r in replayed] == [(r["actions"], r["score"]) for r in final]
+
+
+def test_init_weights_naming_no_finished_run_is_refused_before_anything_is_written(tmp_path):
+    cfg = _cfg(tmp_path, method="naive", init_weights="test/no-such-run")
+    with pytest.raises(ValueError, match="init_weights: 'test/no-such-run'"):
+        Trainer(cfg, show_progress=False)
+    assert not (tmp_path / "test").exists()
+
+
 def test_full_finetuning_keeps_float32_master_weights(tmp_path):
     cfg = _cfg(tmp_path, lora_rank=0, iterations=1, eval_every=1, checkpoint_every=0, lr=1e-5, run_name="full",
                intrinsic_coef=1.0)
