@@ -1,7 +1,7 @@
 """Benchmark: what each throughput design buys, as ratios of two ways measured in one run, on real ScienceWorld.
 
     python -m empo2.bench [--task power-component] [--group 8] [--steps 30] [--decoding constrained]
-                          [--with-naive] [--quick]
+                          [--with-naive] [--with-repeated-tips] [--quick]
 
 Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
   0. the machine: threads, and memory read bandwidth (a sum over 512 MB);
@@ -10,11 +10,13 @@ Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
      row computed); with --with-naive also re-encoding the history at every step; do
      both ways play the same episodes?
   2. one decode step over the rollout's cache, against the memory-bandwidth bound
-     (weights + the live rows' KV cache read once, at the measured bandwidth);
+     (weights + the live rows' KV cache read once, at the measured bandwidth), and two levers
+     measured and not kept (the LoRA adapter merged into the weights, eager attention);
   3. the group's environment steps (the rollout's actions replayed) one after the
      other vs at the same time from threads (one JVM per environment);
   4. with --with-naive, the update's packed pass vs one pass per turn;
-  5. whole iterations through the trainer (p = 0.5, so memory is exercised), EMPO² and GRPO:
+  5. whole iterations through the trainer (p = 0.5, so memory is exercised), EMPO² and GRPO at the laptop
+     profile (each retrieved tip shown once; --with-repeated-tips adds the paper's every-step top_k):
      where the time goes, how many tokens the episodes carry (and how many are tips), and
      the iteration's update run twice on its own episodes (θ_old reused vs a separate pass).
 The goals each figure is held against are printed beside it. --quick: group 4, 10 steps.
@@ -23,7 +25,9 @@ The goals each figure is held against are printed beside it. --quick: group 4, 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import math
 import tempfile
 import time
 
@@ -85,6 +89,63 @@ def decode_step_ms(generator, steps: int = 8) -> float:
         for _ in range(steps):
             generator._feed({slot: [token] for slot in slots})
     return (time.perf_counter() - start) / steps * 1000
+
+
+def decode_levers(model, generator) -> dict[str, tuple[float, float]]:
+    """Decode step over `generator`'s cache with two levers measured and not kept: the LoRA adapter merged
+    into the bf16 weights (no adapter matmuls) and transformers' eager attention instead of sdpa.
+    Returns name -> (ms, max |log-prob difference| of one step against the LoRA model as kept, over the
+    tokens it gives at least 1%)."""
+    base = model.get_base_model()
+    slots = list(generator.rows)
+
+    def step_logprobs():
+        snapshot = [(layer.length, layer.key_buffer.clone(), layer.value_buffer.clone())
+                    for layer in generator.cache.layers]
+        mask, fed = generator.mask.clone(), {slot: list(ids) for slot, ids in generator.fed.items()}
+        with torch.no_grad():
+            logprobs = torch.log_softmax(generator._feed({slot: [generator.stop_id] for slot in slots}), dim=-1)
+        for layer, (length, keys, values) in zip(generator.cache.layers, snapshot):  # undo the step
+            layer.length, layer.key_buffer, layer.value_buffer = length, keys, values
+        generator.mask, generator.fed = mask, fed
+        return logprobs
+
+    @contextlib.contextmanager
+    def merged():
+        # Unmerging in bf16 does not give the base weights back exactly, so they are restored from a copy.
+        saved = {name: p.detach().clone() for name, p in model.named_parameters() if "base_layer" in name}
+        model.merge_adapter()
+        try:
+            yield
+        finally:
+            model.unmerge_adapter()
+            named = dict(model.named_parameters())
+            with torch.no_grad():
+                for name, value in saved.items():
+                    named[name].copy_(value)
+
+    @contextlib.contextmanager
+    def eager():
+        base.set_attn_implementation("eager")
+        try:
+            yield
+        finally:
+            base.set_attn_implementation("sdpa")
+
+    variants = {"LoRA adapter (kept)": contextlib.nullcontext, "adapter merged into bf16 weights": merged,
+                "eager attention": eager}
+    logprobs = {}
+    for name, variant in variants.items():  # all at the same cache state (timing below advances it)
+        with variant():
+            logprobs[name] = step_logprobs()
+    results = {}
+    for name, variant in variants.items():
+        with variant():
+            reference = logprobs["LoRA adapter (kept)"]  # (rows, vocab)
+            likely = reference > math.log(0.01)  # the tokens that get sampled: probability at least 1%
+            gap = float((logprobs[name] - reference).abs()[likely].max())
+            results[name] = (decode_step_ms(generator), gap)
+    return results
 
 
 def replay_seconds(envs, variation, episodes, parallel: bool) -> float:
@@ -156,6 +217,9 @@ def main() -> None:
     parser.add_argument("--decoding", default="constrained", choices=("free", "constrained"))
     parser.add_argument("--with-naive", action="store_true",
                         help="also re-encode the history every step and score one pass per turn (slow: O(T^2))")
+    parser.add_argument("--with-repeated-tips", action="store_true",
+                        help="also time EMPO2 showing every step's top_k tips again (the paper's way; needs far more "
+                             "memory at 30 steps)")
     parser.add_argument("--quick", action="store_true", help="group 4, 10 steps")
     args = parser.parse_args()
     if args.quick:
@@ -201,6 +265,14 @@ def main() -> None:
             print(f"   {name:8s}: {ms:6.1f} ms at batch {len(g.rows)}, cache {g.mask.shape[1]} positions; "
                   f"bound {bound:5.1f} ms (weights {trunk_bytes / 1e6:.0f} MB + KV {kv_bytes / 1e6:.0f} MB); "
                   f"{ms / bound:4.1f}x the bound (goal: within 3x)")
+        levers = decode_levers(model, runs["in place"][1].last_generator)
+        kept = levers.pop("LoRA adapter (kept)")[0]
+        for name, (ms, gap) in levers.items():
+            print(f"   {name}: {ms:6.1f} ms, {kept / ms:4.2f}x faster than the LoRA model as kept ({kept:.1f} ms); "
+                  f"max |log-prob difference| {gap:.3f} (tokens of probability >= 1%)")
+        print("   (not kept: the update scores actions with the adapter unmerged, and merging in bf16 then unmerging"
+              "\n    changes the base weights, so each iteration would need a copy of them; eager attention repeats"
+              "\n    the key/value heads)")
 
         print("\n3. environment steps of the group, replaying the rollout's actions")
         one_by_one = replay_seconds(envs, variation, episodes, parallel=False)
@@ -228,8 +300,10 @@ def main() -> None:
     del model
 
     print("\n5. whole iterations through the trainer (laptop profile, p = 0.5 for EMPO2; the second iteration)")
-    results = {"EMPO2": iteration(args, "empo2"), "EMPO2 tips once": iteration(args, "empo2", repeat_tips=False),
-               "GRPO": iteration(args, "grpo")}
+    # The laptop profile shows each retrieved tip once per episode (repeat_tips=False).
+    results = {"EMPO2": iteration(args, "empo2"), "GRPO": iteration(args, "grpo")}
+    if args.with_repeated_tips:
+        results["EMPO2 tips repeated"] = iteration(args, "empo2", repeat_tips=True)
     print(f"   {'':15s} {'iteration':>9s} {'rollout':>8s} {'generate':>8s} {'env':>6s} {'memory':>7s} {'update':>7s} "
           f"{'plain update':>12s} {'steps':>6s} {'tokens in context':>17s} {'of them tips':>12s}")
     for name, (m, extra) in results.items():
@@ -252,11 +326,12 @@ def main() -> None:
     per_token = (new["time/iteration"] / extra["context tokens"]) / (grpo["time/iteration"] / grpo_extra["context tokens"])
     print(f"   EMPO2 / GRPO iteration time: {new['time/iteration'] / grpo['time/iteration']:.2f}x (goal: at most 1.3x); "
           f"per token in context {per_token:.2f}x")
-    once, once_extra = results["EMPO2 tips once"]
-    print(f"   EMPO2 showing each tip once per episode (repeat_tips=False): iteration {once['time/iteration']:.1f} s, "
-          f"{new['time/iteration'] / once['time/iteration']:.2f}x faster than every step's top_k; "
-          f"{once['time/iteration'] / grpo['time/iteration']:.2f}x GRPO; context tokens "
-          f"{once_extra['context tokens']} vs {extra['context tokens']}")
+    if args.with_repeated_tips:
+        again, again_extra = results["EMPO2 tips repeated"]
+        print(f"   EMPO2 showing each tip once per episode (the laptop profile) vs every step's top_k again: iteration "
+              f"{new['time/iteration']:.1f} s vs {again['time/iteration']:.1f} s, "
+              f"{again['time/iteration'] / new['time/iteration']:.2f}x faster; context tokens "
+              f"{extra['context tokens']} vs {again_extra['context tokens']}")
     print("   (two trainers never play the same episodes: ScienceWorld lists a room's objects in an order that changes"
           "\n    between resets, so the comparisons of ways above are made on the same episodes, not across trainers)")
 
