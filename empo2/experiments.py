@@ -249,13 +249,25 @@ def save_figure(figure, name: str, results_dir: str = "results") -> None:
 
 def variant_runs(configs: dict[str, EMPO2Config], force: bool = False
                  ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
-    """Train or reuse each labelled variant: its metrics, and one row per variant (final test score)."""
-    frames = {label: metrics(run(cfg, force=force)) for label, cfg in configs.items()}
+    """Train or reuse each labelled variant: its metrics, and one row per variant: final test score with its
+    95% interval (test episodes resampled), mean training score, and the share of training episodes that
+    ended at −100 in the first and the second half of the iterations."""
+    from empo2.stats import bootstrap_interval
+
+    folders = {label: run(cfg, force=force) for label, cfg in configs.items()}
+    frames = {label: metrics(folder) for label, folder in folders.items()}
     rows = []
     for label, frame in frames.items():
-        evaluated = frame.dropna(subset=["eval/score"])
-        rows.append({"variant": label, "final test score": evaluated["eval/score"].iloc[-1],
-                     "mean training score": frame["train/score"].mean(), "iterations": int(frame["iteration"].max())})
+        scores = final_test_scores(folders[label])
+        low, high = bootstrap_interval(scores)
+        train = episodes(folders[label])
+        train = train[train["phase"] == "train"]
+        half = frame["iteration"].max() / 2
+        rows.append({"variant": label, "final test score": scores.mean(), "95% low": low, "95% high": high,
+                     "test episodes": len(scores), "mean training score": frame["train/score"].mean(),
+                     "ended at −100, first half (%)": 100 * (train[train["iteration"] <= half]["score"] <= -100).mean(),
+                     "second half (%)": 100 * (train[train["iteration"] > half]["score"] <= -100).mean(),
+                     "iterations": int(frame["iteration"].max())})
     return frames, pd.DataFrame(rows).set_index("variant").round(1)
 
 

@@ -32,7 +32,9 @@ def run_folders(results_dir: Path, profile: str) -> list[Path]:
 def budget(cfg: dict) -> str:
     test = f"test {cfg['n_test_variations']}×{cfg.get('eval_samples', 1)}"
     if cfg["method"] == "naive":
-        return f"evaluation only, ≤{cfg['max_steps'] or 'task'} steps, {test}"
+        weights = f" of {cfg['init_weights']}'s weights" if cfg.get("init_weights") else ""
+        return (f"evaluation only{weights} at temperature {cfg.get('eval_temperature', 0.4)}, "
+                f"≤{cfg['max_steps'] or 'task'} steps, {test}")
     return (f"{cfg['iterations']} it × {cfg['groups_per_iteration']}×{cfg['group_size']} episodes × "
             f"≤{cfg['max_steps'] or 'task'} steps, {test}")
 
