@@ -6,9 +6,10 @@
 Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
   0. the machine: threads, and memory read bandwidth (a sum over 512 MB);
   1. one group rollout (temperature 1, fixed seed) with the KV cache written in place
-     (finished episodes not computed, padding holes squeezed out) vs the same with its holes
-     kept vs the plain cache (copied at every call, every row computed); with --with-naive
-     also re-encoding the history at every step; do the ways play the same episodes?
+     (finished episodes not computed) vs the plain cache (copied at every call, every
+     row computed); with --with-naive also re-encoding the history at every step; do
+     both ways play the same episodes? The final cache's length, and the share of its
+     positions that are holes (padding, and rows shorter than the longest);
   2. one decode step over the rollout's cache, against the memory-bandwidth bound
      (weights + the live rows' KV cache read once, at the measured bandwidth), and two levers
      measured and not kept (the LoRA adapter merged into the weights, eager attention);
@@ -57,13 +58,11 @@ def laptop_config(args, **overrides) -> EMPO2Config:
                                     response_tokens=args.tokens, action_decoding=args.decoding, **overrides)
 
 
-def rollout(model, tokenizer, envs, variation, args, *, in_place_cache: bool = True, reuse_cache: bool = True,
-            compact_cache: bool = True):
+def rollout(model, tokenizer, envs, variation, args, *, in_place_cache: bool = True, reuse_cache: bool = True):
     """One group rollout at temperature 1 from a fixed seed: both ways draw the same samples from the same logits."""
     roller = Roller.from_config(laptop_config(args, reuse_cache=reuse_cache), model, tokenizer,
                                 generator=torch.Generator().manual_seed(0))
     roller.in_place_cache = in_place_cache
-    roller.compact_cache = compact_cache
     roller.parallel_envs = False  # environment steps are compared in section 3
     start = time.perf_counter()
     episodes = roller.run(envs, [variation] * len(envs), [PLAIN] * len(envs), temperature=1.0)
@@ -235,19 +234,19 @@ def main() -> None:
     envs = [env_from_config(laptop_config(args)) for _ in range(args.group)]
     try:
         variation = envs[0].train_variations[0]
-        ways = {"in place": {}, "holes kept": {"compact_cache": False}, "plain": {"in_place_cache": False}}
+        ways = {"in place": {}, "plain": {"in_place_cache": False}}
         if args.with_naive:
             ways["re-encode"] = {"reuse_cache": False}
         runs = {name: rollout(model, tokenizer, envs, variation, args, **way) for name, way in ways.items()}
         episodes, roller, _ = runs["in place"]
         print("\n1. rollout generation (environment steps excluded)")
         print(f"   {'':10s} {'prefilled':>10s} {'computed':>10s} {'model calls':>11s} {'final cache':>11s} "
-              f"{'of it holes':>11s} {'compactions':>11s} {'seconds':>8s}")
+              f"{'of it holes':>11s} {'seconds':>8s}")
         for name, (_, r, _) in runs.items():
             g = r.last_generator
             holes = 1 - float(g.mask.sum()) / g.mask.numel()
             print(f"   {name:10s} {g.prefilled_tokens:10d} {g.computed_tokens:10d} {g.forward_calls:11d} "
-                  f"{g.mask.shape[1]:11d} {holes:11.0%} {g.compactions:11d} {r.timer.generation:8.1f}")
+                  f"{g.mask.shape[1]:11d} {holes:11.0%} {r.timer.generation:8.1f}")
         base = roller.timer.generation
         for name, (other, r, _) in runs.items():
             if name != "in place":

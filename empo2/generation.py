@@ -22,11 +22,8 @@ for the benchmark.
 The cache is written in place (`GrowingLayer`): buffers that double when full,
 so a decode step writes its new entries instead of copying the whole cache, and
 the slots a call asks for are kept as the first rows, so finished episodes cost
-nothing until they are asked again (for their tips). Left padding leaves holes in
-the rows with shorter chunks; when they pass `compact_holes` of the cache, each
-row's entries are moved together (`_compact`) so decode steps stop reading them.
-`in_place=False` is the plain way (copy at every call, compute every row, keep the
-holes), kept for the benchmark and the tests.
+nothing until they are asked again (for their tips). `in_place=False` is the plain
+way (copy at every call, compute every row), kept for the benchmark and the tests.
 """
 
 from __future__ import annotations
@@ -67,10 +64,6 @@ class GroupGenerator:
         self.computed_tokens = 0  # token positions run through the model, padding included (for benchmarks)
         self.row_split_ratio = 2.0
         """Run a chunk row by row when the padded batch would hold more than this many times its real tokens."""
-        self.compact_holes = 0.5
-        """In place mode: squeeze the padding holes out of the cache when they are more than this share of
-        it (1.0: never). Every decode step reads the whole cache, holes included."""
-        self.compactions = 0  # (for benchmarks)
         self._reset(list(range(num_slots)))
 
     def _reset(self, slots: list[int]) -> None:
@@ -96,20 +89,6 @@ class GroupGenerator:
             layer.reorder_rows(index)
         self.mask = self.mask[index]
         self.rows = [self.rows[row] for row in order]
-
-    def _compact(self) -> None:
-        """Drop the padding holes: each row's cached entries move, in order, to the end of a cache as long as
-        the longest row (rows left-padded). A row attends to its keys through the mask, and each key was
-        rotated at its own position when written, so where an entry sits does not change what a row sees."""
-        length = int(self.mask.sum(dim=1).max())
-        if length == self.mask.shape[1]:
-            return
-        order = torch.argsort(self.mask, dim=1, stable=True)  # (rows, cache_len): holes first, entries in order
-        keep = order[:, -length:]  # (rows, length)
-        for layer in self.cache.layers:
-            layer.keep_positions(keep)
-        self.mask = torch.gather(self.mask, 1, keep)  # (rows, length)
-        self.compactions += 1
 
     def _forward(self, input_ids, chunk_mask, positions):
         """Batched pass over the live rows: (live, width) inputs, chunk_mask (rows, width) -> logits (live, vocab)."""
@@ -220,8 +199,6 @@ class GroupGenerator:
         if unknown:
             raise ValueError(f"generate: slots {sorted(unknown)} do not exist (this generator has {len(self.rows)})")
         self._bring_forward(set(prompts))
-        if self.in_place and self.mask.numel() and 1 - self.mask.sum() / self.mask.numel() > self.compact_holes:
-            self._compact()
 
         chunks = {}
         for slot, prompt in prompts.items():
@@ -336,19 +313,6 @@ class GrowingLayer(DynamicLayer):
 
     def advance(self, n: int) -> None:
         self.length += n
-
-    def keep_positions(self, keep: torch.Tensor) -> None:
-        """Keep, for each row, the cached positions `keep` (rows, n) in that order: the cache becomes n long."""
-        if self.key_buffer is None:
-            return
-        rows, n = keep.shape
-        index = keep[:, None, :, None].expand(rows, self.key_buffer.shape[1], n, self.key_buffer.shape[3])
-        for name in ("key_buffer", "value_buffer"):
-            old = getattr(self, name)
-            kept = old.new_zeros(old.shape)  # same capacity: the cache grows again from here
-            kept[:, :, :n] = torch.gather(old[:, :, : self.length], 2, index)
-            setattr(self, name, kept)
-        self.length = n
 
     def reorder_rows(self, index: torch.Tensor) -> None:
         if self.key_buffer is not None:

@@ -161,7 +161,6 @@ class Roller:
         self.parallel_envs = parallel_envs
         """Step the group's environments at the same time where they allow it (False: one after the other)."""
         self.in_place_cache = in_place_cache
-        self.compact_cache = True  # squeeze padding holes out of the cache (GroupGenerator.compact_holes)
         """KV cache written in place, finished episodes not computed (False: the plain way; see empo2.generation)."""
         self.history_turns = history_turns
         self.think_first = think_first
@@ -212,8 +211,6 @@ class Roller:
         else:
             generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=reuse_cache,
                                        temperature=temperature, generator=self.generator, in_place=self.in_place_cache)
-            if not self.compact_cache:
-                generator.compact_holes = 1.0
         self.last_generator = generator
         needs_memory = any(mode != PLAIN for mode in modes)
         if needs_memory and (self.memory is None or self.embedder is None):

@@ -16,11 +16,10 @@ OBSERVATIONS = [
 ]
 
 
-def _play(model, tokenizer, reuse_cache, row_split_ratio=2.0, in_place=True, compact_holes=0.5):
+def _play(model, tokenizer, reuse_cache, row_split_ratio=2.0, in_place=True):
     chat = ChatFormat(tokenizer)
     generator = GroupGenerator(model, tokenizer, 3, reuse_cache=reuse_cache, temperature=0, in_place=in_place)
     generator.row_split_ratio = row_split_ratio
-    generator.compact_holes = compact_holes
     messages = [[Message("system", "You are an agent."), Message("user", "Observation: " + obs[0])]
                 for obs in OBSERVATIONS]
     outputs = []
@@ -78,20 +77,6 @@ def test_in_place_cache_matches_the_plain_cache(policy_fp32):
         layer = in_place_gen.cache.layers[0]
         assert layer.key_buffer.shape[2] >= layer.length == in_place_gen.mask.shape[1]
         for (s, t, ids, lps), (_, _, ids2, lps2) in zip(in_place, plain):
-            assert ids == ids2, f"slot {s} turn {t}: greedy tokens differ"
-            torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
-
-
-def test_compacted_cache_matches_the_cache_with_its_holes(policy_fp32):
-    """Squeezing the padding holes out of the cache (here before every call) gives the same tokens and log-probs."""
-    model, tokenizer = policy_fp32
-    for ratio in (1e9, 0.0):  # padded batches, and row by row
-        compact, compact_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, compact_holes=0.0)
-        holes, holes_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, compact_holes=1.0)
-        assert compact_gen.compactions > 0 and holes_gen.compactions == 0
-        assert compact_gen.mask.shape[1] < holes_gen.mask.shape[1]  # fewer positions for each decode step to read
-        assert compact_gen.mask.sum() == holes_gen.mask.sum()  # the same entries
-        for (s, t, ids, lps), (_, _, ids2, lps2) in zip(compact, holes):
             assert ids == ids2, f"slot {s} turn {t}: greedy tokens differ"
             torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
 
