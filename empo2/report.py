@@ -115,6 +115,8 @@ def claims(results_dir: str | Path = "results", profile: str = "laptop", noteboo
     main = suite.main_comparison(profile, results_dir) + suite.baselines(profile, results_dir)
     of = lambda method: [c for c in main if c.method == method]  # noqa: E731
     pc = dict(zip(paper.SCIENCEWORLD_METHODS, paper.SCIENCEWORLD_TABLE1["power-component"]))
+    retested = suite.training_temperature(profile, results_dir)
+    at_one = lambda source: [c for c in retested if c.run_name.startswith(f"{source}-seed")]  # noqa: E731
     ablation = suite.mode_ablation(profile, results_dir)
     full = [ablation["EMPO2 (full)"]]
     sweep = suite.pq_sweep(profile, results_dir)
@@ -128,6 +130,12 @@ def claims(results_dir: str | Path = "results", profile: str = "laptop", noteboo
                                          f"{pc['GRPO']} vs {pc['Naive']}", of("grpo"), of("naive"), "GRPO − Naive")),
         ("04", lambda: _difference_claim("EMPO² training beats the untrained model", "04, Table 1",
                                          f"{pc['EMPO2']} vs {pc['Naive']}", of("empo2"), of("naive"), "EMPO² − Naive")),
+        ("04", lambda: _difference_claim("GRPO training beats the untrained model, tested at the training temperature",
+                                         "04, Table 1", f"{pc['GRPO']} vs {pc['Naive']} (tested at 0.4)",
+                                         at_one("grpo"), at_one("untrained"), "GRPO − untrained at temperature 1.0")),
+        ("04", lambda: _difference_claim("EMPO² training beats the untrained model, tested at the training temperature",
+                                         "04, Table 1", f"{pc['EMPO2']} vs {pc['Naive']} (tested at 0.4)",
+                                         at_one("empo2"), at_one("untrained"), "EMPO² − untrained at temperature 1.0")),
         ("04", lambda: _difference_claim("EMPO² beats a memory of tips without weight updates", "04, Table 1",
                                          f"{pc['EMPO2']} vs {pc['Reflexion']} (Reflexion)", of("empo2"),
                                          of("memory_only"), "EMPO² − memory-only")),
