@@ -50,14 +50,17 @@ from empo2.stats import bootstrap_interval
 from empo2.update import PolicyUpdate, decision_tokens
 
 
+FINAL_WEIGHTS = "final_weights.pt"  # a finished run's trainable weights, beside its results
+
+
 class Trainer:
     """Builds everything a run needs from an `EMPO2Config`; `train()` runs it."""
 
     def __init__(self, cfg: EMPO2Config, *, resume: bool = False, show_progress: bool = True):
         self.cfg = cfg
-        initial_weights = Path(cfg.results_dir) / cfg.init_weights / "final_weights.pt" if cfg.init_weights else None
+        initial_weights = Path(cfg.results_dir) / cfg.init_weights / FINAL_WEIGHTS if cfg.init_weights else None
         if initial_weights is not None and not initial_weights.is_file():
-            raise ValueError(f"init_weights: {cfg.init_weights!r} has no final_weights.pt under {cfg.results_dir}; "
+            raise ValueError(f"init_weights: {cfg.init_weights!r} has no {FINAL_WEIGHTS} under {cfg.results_dir}; "
                              "name a finished run as experiment/run_name")
         self.processes = Processes(cfg.device)
         self.show_progress = show_progress and self.processes.is_main
@@ -139,7 +142,7 @@ class Trainer:
             self.save_checkpoint()
         if self.iteration == cfg.iterations and self.update is not None and self.processes.is_main:
             # Small (LoRA) final weights beside the results, for notebooks that reuse the trained policy.
-            torch.save(self.trainable_state(), self.run_dir / "final_weights.pt")
+            torch.save(self.trainable_state(), self.run_dir / FINAL_WEIGHTS)
         return last
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
