@@ -152,16 +152,14 @@ def claims(results_dir: str | Path = "results", profile: str = "laptop", noteboo
         ("10", lambda: _difference_claim("EMPO² beats GRPO on WebShop", "10, Table 2",
                                          f"{paper.WEBSHOP_TABLE2['EMPO2'][0]} vs {paper.WEBSHOP_TABLE2['GRPO'][0]}",
                                          webshop("empo2"), webshop("grpo"), "EMPO² − GRPO")),
-        ("05", lambda: ood_claim(Path(results_dir) / profile / "ood",
-                                 earlier=profile == "laptop" and "scienceworld" in suite.EARLIER_LAPTOP)),
+        ("05", lambda: ood_claim(Path(results_dir) / profile / "ood")),
         ("09", lambda: memory_cost_claim(of("empo2"))),
     ]
     return pd.DataFrame([row() for where, row in rows if notebook in (None, where)])
 
 
-def ood_claim(folder: Path, target_task: str = "test-conductivity", earlier: bool = False) -> dict:
-    """Notebook 05: the trained policies on a new task, memory growing over trials, weights frozen
-    (`earlier`: adapted from the free-text main runs of the earlier laptop profile)."""
+def ood_claim(folder: Path, target_task: str = "test-conductivity") -> dict:
+    """Notebook 05: the trained policies on a new task, memory growing over trials, weights frozen."""
     final = {(a, b): f"{e} vs {g}" for (a, b), (g, e) in paper.OOD_ADAPTATION.items()}
     row = {"claim": "An EMPO² policy adapts to a new task with memory better than a GRPO one", "where": "05, §6",
            "paper": "final trial " + "; ".join(final.values()) + " (3 task pairs)"}
@@ -173,8 +171,7 @@ def ood_claim(folder: Path, target_task: str = "test-conductivity", earlier: boo
     difference, low, high = seed_bootstrap_difference([empo2], [grpo])
     return {**row, "verdict": _verdict(low, high),
             "ours": f"EMPO² − GRPO over all trials {difference:+.1f} [{low:+.1f}, {high:+.1f}] (power-component → "
-                    f"{target_task}, {len(empo2)} vs {len(grpo)} episodes, seed 0"
-                    + ("; free-text runs of the earlier laptop profile)" if earlier else ")")}
+                    f"{target_task}, {len(empo2)} vs {len(grpo)} episodes, seed 0)"}
 
 
 def memory_cost_claim(configs) -> dict:

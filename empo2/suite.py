@@ -24,7 +24,7 @@ FREE_TEXT_LAPTOP_WEBSHOP = dict(action_decoding="free", group_size=4, checkpoint
                                 minibatch_episodes=0, repeat_tips=True)
 EARLIER_LAPTOP = {
     **{experiment: FREE_TEXT_LAPTOP
-       for experiment in ("scienceworld", "sweep-pq", "intrinsic", "naive-18")},
+       for experiment in ("sweep-pq", "intrinsic", "naive-18")},
     "webshop": FREE_TEXT_LAPTOP_WEBSHOP,
 }
 
@@ -49,11 +49,10 @@ def baselines(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     return naive + [_cfg(profile, results_dir, "power-component", method="memory_only", task=MAIN_TASK, seed=0)]
 
 
-def free_text_main_run(profile: str, method: str, results_dir: str = "results") -> EMPO2Config:
-    """The seed-0 main run that variants equal to it share (at the laptop profile, until the
-    free-text runs are retrained, the free-text main run)."""
-    experiment = "scienceworld" if profile == "laptop" and "scienceworld" in EARLIER_LAPTOP else "power-component"
-    return _cfg(profile, results_dir, experiment, method=method, task=MAIN_TASK, seed=0)
+def main_run(profile: str, method: str, results_dir: str = "results") -> EMPO2Config:
+    """The seed-0 main-comparison run of `method`: the one variants equal to it share, and the
+    policy notebook 05 adapts to a new task."""
+    return _cfg(profile, results_dir, "power-component", method=method, task=MAIN_TASK, seed=0)
 
 
 def training_temperature(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
@@ -82,14 +81,9 @@ def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Con
 
 
 def _or_main_run(cfg: EMPO2Config, profile: str, results_dir: str) -> EMPO2Config:
-    """A variant whose settings are a main EMPO² seed-0 run's IS that run: trained once, shared.
-    (While free-text laptop runs are still read, their main run is a candidate too.)"""
-    candidates = [free_text_main_run(profile, "empo2", results_dir),
-                  _cfg(profile, results_dir, "power-component", method="empo2", task=MAIN_TASK, seed=0)]
-    for main in candidates:
-        if dataclasses.replace(cfg, experiment=main.experiment, run_name=main.run_name) == main:
-            return main
-    return cfg
+    """A variant whose settings are the main EMPO² seed-0 run's IS that run: trained once, shared."""
+    main = main_run(profile, "empo2", results_dir)
+    return main if dataclasses.replace(cfg, experiment=main.experiment, run_name=main.run_name) == main else cfg
 
 
 def mode_ablation(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:

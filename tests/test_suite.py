@@ -31,8 +31,8 @@ def test_current_runs_take_the_laptop_profile_as_it_is(current):
     assert {c.method for c in runs} == {"naive", "memory_only", "grpo", "empo2"}
     for cfg in runs:
         assert (cfg.iterations, cfg.repeat_tips, cfg.action_decoding) == (profile.iterations, False, "constrained")
-    assert suite.mode_ablation("laptop")["EMPO2 (full)"] == suite.free_text_main_run("laptop", "empo2")
-    assert suite.free_text_main_run("laptop", "empo2").experiment == "power-component"
+    assert suite.mode_ablation("laptop")["EMPO2 (full)"] == suite.main_run("laptop", "empo2")
+    assert suite.main_run("laptop", "empo2").experiment == "power-component"
 
 
 def test_committed_earlier_runs_keep_their_settings():
