@@ -24,7 +24,7 @@ FREE_TEXT_LAPTOP_WEBSHOP = dict(action_decoding="free", group_size=4, checkpoint
                                 minibatch_episodes=0, repeat_tips=True)
 EARLIER_LAPTOP = {
     **{experiment: FREE_TEXT_LAPTOP
-       for experiment in ("sweep-pq", "intrinsic", "naive-18")},
+       for experiment in ("sweep-pq", "naive-18")},
     "webshop": FREE_TEXT_LAPTOP_WEBSHOP,
 }
 

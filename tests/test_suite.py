@@ -21,7 +21,7 @@ def test_every_run_a_laptop_notebook_reads_is_committed():
         for cfg in configs.values() if isinstance(configs, dict) else configs:
             if not experiments.is_finished(cfg):
                 missing.append(f"{group}: {cfg.experiment}/{cfg.name}")
-    allowed = {"sweep", "intrinsic"}  # notebooks 07 and 08 default to the ci profile until these land
+    allowed = {"sweep"}  # notebook 07 defaults to the ci profile until it lands
     assert [m for m in missing if m.split(":")[0] not in allowed] == []
 
 
