@@ -225,7 +225,7 @@ def policy_comparison(folders: dict[str, list[Path]], baseline: str) -> pd.DataF
     rows = []
     for label, per_seed in scores.items():
         row = {"policy": label, "seeds": len(per_seed), "test episodes": int(sum(len(s) for s in per_seed))}
-        for name, values in (("score", per_seed), ("ended at -100", [s <= -100 for s in per_seed])):
+        for name, values in (("score", per_seed), ("ended at −100", [s <= -100 for s in per_seed])):
             low, high = seed_bootstrap_interval(values)
             row |= {name: float(np.mean([v.mean() for v in values])), f"{name} 95% low": low, f"{name} 95% high": high}
             if label != baseline:
