@@ -116,7 +116,7 @@ def claims(results_dir: str | Path = "results", profile: str = "laptop", noteboo
     of = lambda method: [c for c in main if c.method == method]  # noqa: E731
     pc = dict(zip(paper.SCIENCEWORLD_METHODS, paper.SCIENCEWORLD_TABLE1["power-component"]))
     retested = suite.training_temperature(profile, results_dir)
-    at_one = lambda source: [c for c in retested if c.run_name.startswith(f"{source}-seed")]  # noqa: E731
+    at_one = lambda source: [c for c in retested if suite.policy_tested(c) == source]  # noqa: E731
     ablation = suite.mode_ablation(profile, results_dir)
     full = [ablation["EMPO2 (full)"]]
     sweep = suite.pq_sweep(profile, results_dir)

@@ -70,6 +70,11 @@ def training_temperature(profile: str, results_dir: str = "results") -> list[EMP
     return runs
 
 
+def policy_tested(cfg: EMPO2Config) -> str:
+    """The policy a `training_temperature` run tests: "untrained" or the main comparison's method."""
+    return cfg.run_name.rsplit("-seed", 1)[0]
+
+
 def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """The default model without training on the paper's 18 tasks (a few test variations each)."""
     tasks = list(SCIENCEWORLD_TABLE1)

@@ -39,3 +39,11 @@ def test_committed_earlier_runs_keep_their_settings():
     for experiment, settings in suite.EARLIER_LAPTOP.items():
         cfg = suite._cfg("laptop", "results", experiment, task=suite.MAIN_TASK)
         assert all(getattr(cfg, name) == value for name, value in settings.items()), experiment
+
+
+def test_each_training_temperature_run_names_the_policy_it_tests_once_per_seed(current):
+    runs = suite.training_temperature("laptop")
+    tested = sorted((cfg.seed, suite.policy_tested(cfg)) for cfg in runs)
+    assert tested == sorted((seed, policy) for seed in suite.SEEDS["laptop"] for policy in ("untrained", "grpo", "empo2"))
+    sources = {suite.policy_tested(cfg): cfg.init_weights for cfg in runs if cfg.seed == 1}
+    assert sources["untrained"] == "" and sources["grpo"] == "power-component/grpo-power-component-seed1"
