@@ -20,12 +20,8 @@ SEEDS = {"ci": (0, 1), "laptop": (0, 1, 2), "paper": (0, 1, 2)}
 # its new runs land. The free-text runs: free text snapped to actions, 4 episodes x 10 steps, 12 iterations.
 FREE_TEXT_LAPTOP = dict(action_decoding="free", group_size=4, n_test_variations=5, max_steps=10, iterations=12,
                         eval_every=4, checkpoint_every=4, eval_samples=1, minibatch_episodes=0, repeat_tips=True)
-FREE_TEXT_LAPTOP_WEBSHOP = dict(action_decoding="free", group_size=4, checkpoint_every=4, eval_samples=1,
-                                minibatch_episodes=0, repeat_tips=True)
 EARLIER_LAPTOP = {
-    **{experiment: FREE_TEXT_LAPTOP
-       for experiment in ("sweep-pq", "naive-18")},
-    "webshop": FREE_TEXT_LAPTOP_WEBSHOP,
+    experiment: FREE_TEXT_LAPTOP for experiment in ("sweep-pq", "naive-18")
 }
 
 
@@ -118,9 +114,8 @@ def intrinsic_sweep(profile: str, results_dir: str = "results") -> dict[str, EMP
 def webshop_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """Naive, memory-only, GRPO and EMPO² on the shipped WebShop data (Table 2 shape)."""
     runs = [_cfg(profile, results_dir, "webshop", env="webshop", method=m, seed=0) for m in ("naive", "memory_only")]
-    seeds = (0, 1) if profile == "laptop" and "webshop" in EARLIER_LAPTOP else SEEDS[profile]  # free text: two
     runs += [_cfg(profile, results_dir, "webshop", env="webshop", method=m, seed=seed)
-             for m in ("grpo", "empo2") for seed in seeds]
+             for m in ("grpo", "empo2") for seed in SEEDS[profile]]
     return runs
 
 
