@@ -21,7 +21,7 @@ SEEDS = {"ci": (0, 1), "laptop": (0, 1, 2), "paper": (0, 1, 2)}
 FREE_TEXT_LAPTOP = dict(action_decoding="free", group_size=4, n_test_variations=5, max_steps=10, iterations=12,
                         eval_every=4, checkpoint_every=4, eval_samples=1, minibatch_episodes=0, repeat_tips=True)
 EARLIER_LAPTOP = {
-    experiment: FREE_TEXT_LAPTOP for experiment in ("sweep-pq", "naive-18")
+    experiment: FREE_TEXT_LAPTOP for experiment in ("sweep-pq",)
 }
 
 
