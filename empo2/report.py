@@ -96,8 +96,6 @@ def _difference_claim(claim: str, section: str, paper_text: str, a, b, label: st
                 "where": section}
     difference, low, high = seed_bootstrap_difference(scores_a, scores_b)
     seeds = f"{len(scores_a)} vs {len(scores_b)} seed{'s' if max(len(scores_a), len(scores_b)) > 1 else ''}"
-    if any(c.action_decoding == "free" and c.profile == "laptop" for c in [*a, *b]):
-        seeds += "; free-text runs of the earlier laptop profile"
     return {"claim": claim, "paper": paper_text, "ours": f"{label} {difference:+.1f} [{low:+.1f}, {high:+.1f}] ({seeds})",
             "verdict": _verdict(low, high), "where": section}
 

@@ -14,20 +14,7 @@ from empo2.paper import SCIENCEWORLD_TABLE1
 MAIN_TASK = "power-component"
 SEEDS = {"ci": (0, 1), "laptop": (0, 1, 2), "paper": (0, 1, 2)}
 
-# Committed laptop runs made before the current laptop profile, and the settings they were made with.
-# Notebooks read each experiment's runs as they are until that experiment is retrained from one commit
-# (`python -m empo2.suite laptop GROUP --current` ignores this table); an experiment leaves the table when
-# its new runs land. The free-text runs: free text snapped to actions, 4 episodes x 10 steps, 12 iterations.
-FREE_TEXT_LAPTOP = dict(action_decoding="free", group_size=4, n_test_variations=5, max_steps=10, iterations=12,
-                        eval_every=4, checkpoint_every=4, eval_samples=1, minibatch_episodes=0, repeat_tips=True)
-EARLIER_LAPTOP = {
-    experiment: FREE_TEXT_LAPTOP for experiment in ("sweep-pq",)
-}
-
-
 def _cfg(profile: str, results_dir: str, experiment: str, **overrides) -> EMPO2Config:
-    if profile == "laptop" and experiment in EARLIER_LAPTOP:
-        overrides = {**EARLIER_LAPTOP[experiment], **overrides}
     return EMPO2Config.from_profile(profile, results_dir=f"{results_dir}/{profile}", experiment=experiment,
                                     **overrides)
 
@@ -136,11 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("groups", nargs="+", choices=sorted(GROUPS))
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--force", action="store_true")
-    parser.add_argument("--current", action="store_true",
-                        help="the current profile's runs, not the committed earlier ones (EARLIER_LAPTOP)")
     args = parser.parse_args(argv)
-    if args.current:
-        EARLIER_LAPTOP.clear()
     for group in args.groups:
         configs = GROUPS[group](args.profile, args.results_dir)
         for cfg in configs.values() if isinstance(configs, dict) else configs:

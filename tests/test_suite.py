@@ -1,16 +1,8 @@
-"""The suite defines each notebook's runs once; committed runs from before the current laptop profile
-are read with the settings they were made with until their experiment is retrained (`--current`)."""
-
-import pytest
+"""The suite defines each notebook's runs once, at the profile as it is."""
 
 from empo2 import experiments, suite
 from empo2.config import EMPO2Config
 from empo2.notebooks import ROOT
-
-
-@pytest.fixture
-def current(monkeypatch):
-    monkeypatch.setattr(suite, "EARLIER_LAPTOP", {})
 
 
 def test_every_run_a_laptop_notebook_reads_is_committed():
@@ -25,7 +17,7 @@ def test_every_run_a_laptop_notebook_reads_is_committed():
     assert [m for m in missing if m.split(":")[0] not in allowed] == []
 
 
-def test_current_runs_take_the_laptop_profile_as_it_is(current):
+def test_every_laptop_run_takes_the_laptop_profile_as_it_is():
     profile = EMPO2Config.from_profile("laptop", task=suite.MAIN_TASK)
     runs = suite.main_comparison("laptop") + suite.baselines("laptop")
     assert {c.method for c in runs} == {"naive", "memory_only", "grpo", "empo2"}
@@ -33,15 +25,13 @@ def test_current_runs_take_the_laptop_profile_as_it_is(current):
         assert (cfg.iterations, cfg.repeat_tips, cfg.action_decoding) == (profile.iterations, False, "constrained")
     assert suite.mode_ablation("laptop")["EMPO2 (full)"] == suite.main_run("laptop", "empo2")
     assert suite.main_run("laptop", "empo2").experiment == "power-component"
+    for group, define in suite.GROUPS.items():
+        configs = define("laptop")
+        for cfg in configs.values() if isinstance(configs, dict) else configs:
+            assert (cfg.profile, cfg.action_decoding) == ("laptop", "constrained"), (group, cfg.name)
 
 
-def test_committed_earlier_runs_keep_their_settings():
-    for experiment, settings in suite.EARLIER_LAPTOP.items():
-        cfg = suite._cfg("laptop", "results", experiment, task=suite.MAIN_TASK)
-        assert all(getattr(cfg, name) == value for name, value in settings.items()), experiment
-
-
-def test_each_training_temperature_run_names_the_policy_it_tests_once_per_seed(current):
+def test_each_training_temperature_run_names_the_policy_it_tests_once_per_seed():
     runs = suite.training_temperature("laptop")
     tested = sorted((cfg.seed, suite.policy_tested(cfg)) for cfg in runs)
     assert tested == sorted((seed, policy) for seed in suite.SEEDS["laptop"] for policy in ("untrained", "grpo", "empo2"))
