@@ -165,7 +165,7 @@ def ood_claim(folder: Path, target_task: str = "test-conductivity") -> dict:
     if not all(p.exists() for p in paths):
         return {**row, "ours": "not yet run at this profile", "verdict": "—"}
     saved = [json.loads(p.read_text()) for p in paths]
-    empo2, grpo = ([r["score"] for r in (s["value"] if isinstance(s, dict) else s)] for s in saved)
+    empo2, grpo = ([r["score"] for r in s["value"]] for s in saved)  # saved by lessons.cached
     difference, low, high = seed_bootstrap_difference([empo2], [grpo])
     return {**row, "verdict": _verdict(low, high),
             "ours": f"EMPO² − GRPO over all trials {difference:+.1f} [{low:+.1f}, {high:+.1f}] (power-component → "

@@ -112,6 +112,12 @@ GROUPS = {
 }
 
 
+def group_configs(group: str, profile: str, results_dir: str = "results") -> list[EMPO2Config]:
+    """The runs of one of `GROUPS`, as a list (some groups label their runs in a dict)."""
+    configs = GROUPS[group](profile, results_dir)
+    return list(configs.values()) if isinstance(configs, dict) else configs
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m empo2.suite PROFILE GROUP [GROUP ...]`: train (or reuse) those runs in order."""
     import argparse
@@ -125,8 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
     for group in args.groups:
-        configs = GROUPS[group](args.profile, args.results_dir)
-        for cfg in configs.values() if isinstance(configs, dict) else configs:
+        for cfg in group_configs(group, args.profile, args.results_dir):
             run(cfg, force=args.force, show_progress=False)
             print(f"finished {cfg.experiment}/{cfg.name}", flush=True)
 

@@ -8,9 +8,8 @@ from empo2.notebooks import ROOT
 def test_every_run_a_laptop_notebook_reads_is_committed():
     """On a fresh clone `make run` reuses every laptop run instead of training one."""
     missing = []
-    for group, define in suite.GROUPS.items():
-        configs = define("laptop", str(ROOT / "results"))
-        for cfg in configs.values() if isinstance(configs, dict) else configs:
+    for group in suite.GROUPS:
+        for cfg in suite.group_configs(group, "laptop", str(ROOT / "results")):
             if not experiments.is_finished(cfg):
                 missing.append(f"{group}: {cfg.experiment}/{cfg.name}")
     allowed = {"sweep"}  # notebook 07 defaults to the ci profile until it lands
@@ -25,9 +24,8 @@ def test_every_laptop_run_takes_the_laptop_profile_as_it_is():
         assert (cfg.iterations, cfg.repeat_tips, cfg.action_decoding) == (profile.iterations, False, "constrained")
     assert suite.mode_ablation("laptop")["EMPO2 (full)"] == suite.main_run("laptop", "empo2")
     assert suite.main_run("laptop", "empo2").experiment == "power-component"
-    for group, define in suite.GROUPS.items():
-        configs = define("laptop")
-        for cfg in configs.values() if isinstance(configs, dict) else configs:
+    for group in suite.GROUPS:
+        for cfg in suite.group_configs(group, "laptop"):
             assert (cfg.profile, cfg.action_decoding) == ("laptop", "constrained"), (group, cfg.name)
 
 
