@@ -5,14 +5,16 @@
 
 Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
   0. the machine: threads, and memory read bandwidth (a sum over 512 MB);
-  1. one group rollout (temperature 1, fixed seed) with the KV cache written in place
-     (finished episodes not computed) vs the plain cache (copied at every call, every
-     row computed); with --with-naive also re-encoding the history at every step; do
-     both ways play the same episodes? The final cache's length, and the share of its
-     positions that are holes (padding, and rows shorter than the longest);
-  2. one decode step over the rollout's cache, against the memory-bandwidth bound
-     (weights + the live rows' KV cache read once, at the measured bandwidth), and two levers
-     measured and not kept (the LoRA adapter merged into the weights, eager attention);
+  1. one group rollout (temperature 1, fixed seed) in each KV cache layout: ragged (each
+     row its own length, each row's attention reading only its own entries), padded
+     (written in place, finished episodes not computed) and plain (copied at every call,
+     every row computed); with --with-naive also re-encoding the history at every step;
+     do the ways play the same episodes? The cache positions a decode step reads, and the
+     share of them that are holes (padding, and rows shorter than the longest);
+  2. one decode step over each rollout's cache, against the memory-bandwidth bound
+     (the weights + the rows' real KV entries read once, at the measured bandwidth), and two
+     levers measured on the padded cache and not kept (the LoRA adapter merged into the
+     weights, eager attention);
   3. the group's environment steps (the rollout's actions replayed) one after the
      other vs at the same time from threads (one JVM per environment);
   4. with --with-naive, the update's packed pass vs one pass per turn;
@@ -58,11 +60,11 @@ def laptop_config(args, **overrides) -> EMPO2Config:
                                     response_tokens=args.tokens, action_decoding=args.decoding, **overrides)
 
 
-def rollout(model, tokenizer, envs, variation, args, *, in_place_cache: bool = True, reuse_cache: bool = True):
+def rollout(model, tokenizer, envs, variation, args, *, cache_layout: str = "ragged", reuse_cache: bool = True):
     """One group rollout at temperature 1 from a fixed seed: both ways draw the same samples from the same logits."""
     roller = Roller.from_config(laptop_config(args, reuse_cache=reuse_cache), model, tokenizer,
                                 generator=torch.Generator().manual_seed(0))
-    roller.in_place_cache = in_place_cache
+    roller.cache_layout = cache_layout
     roller.parallel_envs = False  # environment steps are compared in section 3
     start = time.perf_counter()
     episodes = roller.run(envs, [variation] * len(envs), [PLAIN] * len(envs), temperature=1.0)
@@ -234,44 +236,49 @@ def main() -> None:
     envs = [env_from_config(laptop_config(args)) for _ in range(args.group)]
     try:
         variation = envs[0].train_variations[0]
-        ways = {"in place": {}, "plain": {"in_place_cache": False}}
+        ways = {"ragged": {}, "padded": {"cache_layout": "padded"}, "plain": {"cache_layout": "plain"}}
         if args.with_naive:
             ways["re-encode"] = {"reuse_cache": False}
         runs = {name: rollout(model, tokenizer, envs, variation, args, **way) for name, way in ways.items()}
-        episodes, roller, _ = runs["in place"]
+        episodes, roller, _ = runs["ragged"]
         print("\n1. rollout generation (environment steps excluded)")
-        print(f"   {'':10s} {'prefilled':>10s} {'computed':>10s} {'model calls':>11s} {'final cache':>11s} "
+        print(f"   {'':10s} {'prefilled':>10s} {'computed':>10s} {'model calls':>11s} {'cache read':>11s} "
               f"{'of it holes':>11s} {'seconds':>8s}")
         for name, (_, r, _) in runs.items():
             g = r.last_generator
-            holes = 1 - float(g.mask.sum()) / g.mask.numel()
+            read, real = g.cache_positions()
             print(f"   {name:10s} {g.prefilled_tokens:10d} {g.computed_tokens:10d} {g.forward_calls:11d} "
-                  f"{g.mask.shape[1]:11d} {holes:11.0%} {r.timer.generation:8.1f}")
+                  f"{read:11d} {1 - real / read:11.0%} {r.timer.generation:8.1f}")
         base = roller.timer.generation
         for name, (other, r, _) in runs.items():
-            if name != "in place":
+            if name != "ragged":
                 same = sum([t.executed_action for t in a.turns] == [t.executed_action for t in b.turns]
                            for a, b in zip(episodes, other))
                 gap = max(logprob_gap(a, b) for a, b in zip(episodes, other))
-                print(f"   in place vs {name}: {r.timer.generation / base:5.2f}x faster; same episodes "
+                print(f"   ragged vs {name}: {r.timer.generation / base:5.2f}x faster; same episodes "
                       f"{same}/{len(episodes)}; max |log-prob difference| {gap:.3f} (bf16; compared up to the "
                       f"first different action)")
 
         print("\n2. one decode step (every row, one new token) over the rollout's cache")
         trunk_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        layers = runs["ragged"][1].last_generator.cache.layers
+        position_bytes = sum(layer.key_buffer[0, :, 0].numel() * 2 * layer.key_buffer.element_size()
+                             for layer in layers)  # keys and values of one position, all layers
+        steps = {}
         for name in ways:
             g = runs[name][1].last_generator
-            kv_bytes = sum(layer.length * layer.key_buffer[0, :, 0].numel() * 2 * layer.key_buffer.element_size()
-                           for layer in g.cache.layers) * len(g.rows)
-            bound = (trunk_bytes + kv_bytes) / (bandwidth * 1e9) * 1000  # everything read once
-            ms = decode_step_ms(g)
-            print(f"   {name:8s}: {ms:6.1f} ms at batch {len(g.rows)}, cache {g.mask.shape[1]} positions; "
-                  f"bound {bound:5.1f} ms (weights {trunk_bytes / 1e6:.0f} MB + KV {kv_bytes / 1e6:.0f} MB); "
-                  f"{ms / bound:4.1f}x the bound (goal: within 3x)")
-        levers = decode_levers(model, runs["in place"][1].last_generator)
+            read, real = g.cache_positions()
+            bound = (trunk_bytes + real * position_bytes) / (bandwidth * 1e9) * 1000  # what must be read, once
+            steps[name] = ms = decode_step_ms(g)
+            print(f"   {name:8s}: {ms:6.1f} ms at batch {len(g.rows)}, reading {read} cache positions ({real} real); "
+                  f"bound {bound:5.1f} ms (weights {trunk_bytes / 1e6:.0f} MB + real KV "
+                  f"{real * position_bytes / 1e6:.0f} MB); {ms / bound:4.1f}x the bound (goal: within 3x)")
+        print(f"   ragged vs padded: {steps['padded'] / steps['ragged']:.2f}x faster; vs plain: "
+              f"{steps['plain'] / steps['ragged']:.2f}x")
+        levers = decode_levers(model, runs["padded"][1].last_generator)
         kept = levers.pop("LoRA adapter (kept)")[0]
         for name, (ms, gap) in levers.items():
-            print(f"   {name}: {ms:6.1f} ms, {kept / ms:4.2f}x faster than the LoRA model as kept ({kept:.1f} ms); "
+            print(f"   {name}: {ms:6.1f} ms, {kept / ms:4.2f}x faster than the padded LoRA model as kept ({kept:.1f} ms); "
                   f"max |log-prob difference| {gap:.3f} (tokens of probability >= 1%)")
         print("   (not kept: the update scores actions with the adapter unmerged, and merging in bf16 then unmerging"
               "\n    changes the base weights, so each iteration would need a copy of them; eager attention repeats"

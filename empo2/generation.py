@@ -19,11 +19,20 @@ exactly the positions it would see alone. `reuse_cache=False` is the naive way
 (re-encode every prompt from scratch each call) kept for truncated histories and
 for the benchmark.
 
-The cache is written in place (`GrowingLayer`): buffers that double when full,
-so a decode step writes its new entries instead of copying the whole cache, and
-the slots a call asks for are kept as the first rows, so finished episodes cost
-nothing until they are asked again (for their tips). `in_place=False` is the plain
-way (copy at every call, compute every row), kept for the benchmark and the tests.
+Three cache layouts (`layout`), all computing the same thing:
+
+- "ragged" (the default): each row holds its own tokens contiguously from
+  position 0 (`RaggedLayer`), a call computes only the slots it feeds, and
+  attention (`ragged_attention`) reads each row up to its own length. The padded
+  layout above leaves holes wherever a row is shorter than the longest; a decode
+  step reads them all, and transformers' sdpa path copies the key/value heads
+  once per query head group when a mask is given. The ragged one reads neither.
+- "padded": the layout drawn above, written in place (`GrowingLayer`): buffers
+  that double when full, so a decode step writes its new entries instead of
+  copying the whole cache, and the slots a call asks for are kept as the first
+  rows, so finished episodes cost nothing until they are asked again (for their tips).
+- "plain": the padded layout copied at every call with every row computed, as
+  transformers' `DynamicCache` does; kept with "padded" for the benchmark and the tests.
 """
 
 from __future__ import annotations
@@ -32,23 +41,31 @@ import inspect
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
 from transformers.cache_utils import Cache, DynamicLayer
 
 from empo2.constrained import ActionConstraint, Cursor
+
+
+LAYOUTS = ("ragged", "padded", "plain")
+RAGGED_ATTENTION = "empo2_ragged"  # the name `ragged_attention` is registered under in transformers
 
 
 class GroupGenerator:
     """Samples one response per requested slot; slots are episodes of one group."""
 
     def __init__(self, model, tokenizer, num_slots: int, *, reuse_cache: bool = True,
-                 temperature: float = 1.0, generator: torch.Generator | None = None, in_place: bool = True):
+                 temperature: float = 1.0, generator: torch.Generator | None = None, layout: str = "ragged"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"GroupGenerator: layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
         self.model = model
         self.pad_id = tokenizer.pad_token_id
         self.stop_id = tokenizer.eos_token_id
         self.reuse_cache = reuse_cache
         self.temperature = temperature
         self.generator = generator
-        self.in_place = in_place
+        self.layout = layout
         self.device = next(model.parameters()).device
         self.trunk, self.lm_head = trunk_and_head(model)
         self.num_layers = model.config.num_hidden_layers
@@ -70,13 +87,17 @@ class GroupGenerator:
         self.rows = list(slots)
         self.live_rows = len(slots)
         self.fed = {slot: [] for slot in slots}
-        growth = 2.0 if self.in_place else 1.0
-        self.cache = Cache(layers=[GrowingLayer(len(slots), growth) for _ in range(self.num_layers)])
+        layout = self.layout
+        if layout == "ragged":
+            layers = [RaggedLayer(len(slots)) for _ in range(self.num_layers)]
+        else:
+            layers = [GrowingLayer(len(slots), 2.0 if layout == "padded" else 1.0) for _ in range(self.num_layers)]
+        self.cache = Cache(layers=layers)
         self.mask = torch.zeros(len(slots), 0, dtype=torch.long, device=self.device)
 
     def _bring_forward(self, slots: set[int]) -> None:
-        """Make `slots` the first rows of the cache (in place mode); only those rows are computed until the next call."""
-        if not self.in_place:
+        """Make `slots` the first rows of the cache (padded layout); only those rows are computed until the next call."""
+        if self.layout != "padded":  # ragged: a call computes the slots it feeds, wherever their rows are
             self.live_rows = len(self.rows)
             return
         self.live_rows = len(slots)
@@ -107,6 +128,8 @@ class GroupGenerator:
         row runs alone on its own rows of the cache, writing its new entries after
         a padding hole: the same cache, without computing the padding.
         """
+        if self.layout == "ragged":
+            return self._feed_ragged(chunks)
         width = max(len(chunk) for chunk in chunks.values())
         live = self.live_rows
         real = sum(len(chunk) for chunk in chunks.values())
@@ -153,6 +176,64 @@ class GroupGenerator:
         self.mask = torch.cat([self.mask, chunk_mask], dim=1)  # (rows, cache_len + width)
         vocab = next(l for l in logits if l is not None).shape[-1]
         return torch.stack([l if l is not None else torch.zeros(vocab, device=self.device) for l in logits])
+
+    def _feed_ragged(self, chunks: dict[int, list[int]]) -> torch.Tensor:
+        """`_feed` for the ragged layout: logits (rows, vocab) by cache row, zero for rows not fed.
+
+        Only the fed slots are computed. Chunks go in one left-padded batch, or row by
+        row when padding would dominate, as in `_feed`; either way each row's new
+        entries land right after its own cached tokens.
+        """
+        slots = list(chunks)
+        width = max(len(chunk) for chunk in chunks.values())
+        real = sum(len(chunk) for chunk in chunks.values())
+        input_ids = torch.full((len(slots), width), self.pad_id, dtype=torch.long)  # (batch, width)
+        positions = torch.zeros(len(slots), width, dtype=torch.long)  # (batch, width)
+        row_of = {slot: row for row, slot in enumerate(self.rows)}
+        rows, starts, counts = [], [], []
+        for b, slot in enumerate(slots):
+            chunk, start = chunks[slot], len(self.fed[slot])
+            input_ids[b, width - len(chunk):] = torch.tensor(chunk)
+            positions[b, width - len(chunk):] = torch.arange(start, start + len(chunk))
+            rows.append(row_of[slot])
+            starts.append(start)
+            counts.append(len(chunk))
+            self.fed[slot].extend(chunk)
+        input_ids, positions = input_ids.to(self.device), positions.to(self.device)
+        if len(slots) > 1 and width >= 8 and len(slots) * width > self.row_split_ratio * real:
+            batches = [[b] for b in range(len(slots))]
+        else:
+            batches = [list(range(len(slots)))]
+        logits = None
+        for batch in batches:
+            n = max(counts[b] for b in batch)  # this call's width
+            call = RaggedCall([rows[b] for b in batch], [starts[b] for b in batch], [counts[b] for b in batch])
+            out = self._forward_ragged(input_ids[batch, width - n:], positions[batch, width - n:], call)  # (batch, vocab)
+            if logits is None:
+                logits = out.new_zeros(len(self.rows), out.shape[-1])  # (rows, vocab)
+            logits[call.rows] = out
+        return logits
+
+    def _forward_ragged(self, input_ids, positions, call: "RaggedCall") -> torch.Tensor:
+        """One pass of the ragged layout: (batch, width) inputs -> logits after each row's last token (batch, vocab)."""
+        for layer in self.cache.layers:
+            layer.call = call
+        self.forward_calls += 1
+        self.computed_tokens += input_ids.numel()
+        config = self.trunk.config
+        previous = config._attn_implementation
+        config._attn_implementation = RAGGED_ATTENTION  # for this pass only; training passes use the model's own
+        try:
+            out = self.trunk(input_ids=input_ids, position_ids=positions, use_cache=True, ragged=call,
+                             **{self._cache_arg: self.cache})
+        finally:
+            config._attn_implementation = previous
+        return self.lm_head(out.last_hidden_state[:, -1].contiguous()).float()  # (batch, vocab)
+
+    def cache_positions(self) -> tuple[int, int]:
+        """(cache positions a decode step over every row reads, of them real tokens); the rest are holes."""
+        real = sum(len(ids) for ids in self.fed.values())
+        return (real if self.layout == "ragged" else self.mask.numel()), real
 
     def _sample(self, logits: torch.Tensor, allowed: list[tuple[int, ...] | None]
                 ) -> tuple[list[int], list[float]]:
@@ -342,6 +423,66 @@ class RowLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.start
+
+
+@dataclass
+class RaggedCall:
+    """Which cache rows one ragged pass feeds: batch row b is cache row `rows[b]`, whose `counts[b]` new
+    tokens (the last ones of the padded width) go at positions `starts[b]` onwards."""
+
+    rows: list[int]
+    starts: list[int]
+    counts: list[int]
+
+
+class RaggedLayer(GrowingLayer):
+    """One layer's KV cache with each row's entries contiguous from position 0, so no holes.
+
+    `length` is the longest row's; the generator sets `call` before each pass.
+    """
+
+    def __init__(self, rows: int):
+        super().__init__(rows, growth=2.0)
+        self.call: RaggedCall | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write each fed row's new entries after its cached ones; return the whole buffers (read by
+        `ragged_attention`, row by row up to each row's own length)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        call, width = self.call, key_states.shape[2]
+        end = max(start + count for start, count in zip(call.starts, call.counts))
+        self.reserve(end - self.length)
+        for b, (row, start, count) in enumerate(zip(call.rows, call.starts, call.counts)):
+            self.key_buffer[row, :, start : start + count] = key_states[b, :, width - count :]
+            self.value_buffer[row, :, start : start + count] = value_states[b, :, width - count :]
+        self.length = max(self.length, end)
+        return self.key_buffer, self.value_buffer
+
+
+def ragged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, ragged=None, **kwargs):
+    """Attention of a ragged pass, in transformers' attention-function interface.
+
+    query (batch, heads, width, head_dim), left-padded; key and value are a `RaggedLayer`'s
+    buffers (rows, kv_heads, capacity, head_dim). Each batch row attends to its own cache
+    row up to its own length; returns (batch, width, heads, head_dim), zero at padding.
+    """
+    batch, heads, width, dim = query.shape
+    out = query.new_zeros(batch, width, heads, dim)
+    for b, (row, start, count) in enumerate(zip(ragged.rows, ragged.starts, ragged.counts)):
+        end = start + count
+        mask = None
+        if count > 1:  # causal within the chunk: its query i sees the keys up to start + i
+            mask = torch.ones(count, end, dtype=torch.bool, device=query.device).tril(start)  # (count, end)
+        # enable_gqa: the kernel maps query heads to their key/value head (repeating the keys would copy them).
+        o = F.scaled_dot_product_attention(query[b : b + 1, :, width - count :], key[row : row + 1, :, :end],
+                                           value[row : row + 1, :, :end], attn_mask=mask, scale=scaling,
+                                           enable_gqa=True)  # (1, heads, count, dim)
+        out[b, width - count :] = o[0].transpose(0, 1)  # (count, heads, dim)
+    return out, None
+
+
+AttentionInterface.register(RAGGED_ATTENTION, ragged_attention)
 
 
 @dataclass

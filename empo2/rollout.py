@@ -137,7 +137,7 @@ class Roller:
                  embedder=None, memory=None, novelty=None, reuse_cache: bool = True,
                  generator: torch.Generator | None = None, memory_scope: str = "variation",
                  prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True,
-                 action_decoding: str = "free", parallel_envs: bool = True, in_place_cache: bool = True,
+                 action_decoding: str = "free", parallel_envs: bool = True, cache_layout: str = "ragged",
                  engine=None, repeat_tips: bool = True):
         self.model = model
         self.tokenizer = tokenizer
@@ -160,8 +160,8 @@ class Roller:
         """Builds each state's constraint when actions are decoded constrained; None for free text."""
         self.parallel_envs = parallel_envs
         """Step the group's environments at the same time where they allow it (False: one after the other)."""
-        self.in_place_cache = in_place_cache
-        """KV cache written in place, finished episodes not computed (False: the plain way; see empo2.generation)."""
+        self.cache_layout = cache_layout
+        """KV cache layout: ragged (each row its own length), padded or plain; see empo2.generation."""
         self.history_turns = history_turns
         self.think_first = think_first
         self.engine = engine
@@ -210,7 +210,7 @@ class Roller:
             generator = self.engine.generator(self.model, n, temperature=temperature)
         else:
             generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=reuse_cache,
-                                       temperature=temperature, generator=self.generator, in_place=self.in_place_cache)
+                                       temperature=temperature, generator=self.generator, layout=self.cache_layout)
         self.last_generator = generator
         needs_memory = any(mode != PLAIN for mode in modes)
         if needs_memory and (self.memory is None or self.embedder is None):

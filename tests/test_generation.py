@@ -4,6 +4,7 @@ Runs in float32 so that "equal" can mean 1e-4: in bfloat16 the two paths round
 differently (differences up to ~0.2 nats were seen), which is precision, not logic.
 """
 
+import pytest
 import torch
 
 from empo2.chat import ChatFormat, Message
@@ -16,9 +17,9 @@ OBSERVATIONS = [
 ]
 
 
-def _play(model, tokenizer, reuse_cache, row_split_ratio=2.0, in_place=True):
+def _play(model, tokenizer, reuse_cache, row_split_ratio=2.0, layout="ragged"):
     chat = ChatFormat(tokenizer)
-    generator = GroupGenerator(model, tokenizer, 3, reuse_cache=reuse_cache, temperature=0, in_place=in_place)
+    generator = GroupGenerator(model, tokenizer, 3, reuse_cache=reuse_cache, temperature=0, layout=layout)
     generator.row_split_ratio = row_split_ratio
     messages = [[Message("system", "You are an agent."), Message("user", "Observation: " + obs[0])]
                 for obs in OBSERVATIONS]
@@ -67,18 +68,32 @@ def test_row_by_row_prefill_matches_the_padded_batch(policy_fp32):
         torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
 
 
-def test_in_place_cache_matches_the_plain_cache(policy_fp32):
-    """Buffers written in place, with only the asked-for slots computed, give the plain cache's tokens and log-probs."""
+@pytest.mark.parametrize("layout", ["ragged", "padded"])
+def test_cache_layouts_match_the_plain_cache(policy_fp32, layout):
+    """Ragged rows, or padded rows written in place, with only the asked-for slots computed, give the plain
+    cache's tokens and log-probs; the ragged cache holds no holes."""
     model, tokenizer = policy_fp32
     for ratio in (1e9, 0.0):  # padded batches, and row by row
-        in_place, in_place_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio)
-        plain, plain_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, in_place=False)
-        assert in_place_gen.computed_tokens < plain_gen.computed_tokens  # slot 2's idle turn is not computed
-        layer = in_place_gen.cache.layers[0]
-        assert layer.key_buffer.shape[2] >= layer.length == in_place_gen.mask.shape[1]
-        for (s, t, ids, lps), (_, _, ids2, lps2) in zip(in_place, plain):
+        fast, fast_gen, messages = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, layout=layout)
+        plain, plain_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, layout="plain")
+        assert fast_gen.computed_tokens < plain_gen.computed_tokens  # slot 2's idle turn is not computed
+        read, real = fast_gen.cache_positions()
+        plain_read, plain_real = plain_gen.cache_positions()
+        assert real == plain_real < plain_read  # the plain cache has holes
+        layer = fast_gen.cache.layers[0]
+        if layout == "ragged":
+            assert read == real and layer.length == max(len(ids) for ids in fast_gen.fed.values())
+        else:
+            assert layer.key_buffer.shape[2] >= layer.length == fast_gen.mask.shape[1]
+        for (s, t, ids, lps), (_, _, ids2, lps2) in zip(fast, plain):
             assert ids == ids2, f"slot {s} turn {t}: greedy tokens differ"
             torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
+
+
+def test_unknown_cache_layout_is_refused(policy_and_tokenizer):
+    model, tokenizer = policy_and_tokenizer
+    with pytest.raises(ValueError, match="layout must be one of ragged, padded, plain; got 'paged'"):
+        GroupGenerator(model, tokenizer, 1, layout="paged")
 
 
 def test_row_by_row_chunk_longer_than_the_cache(policy_fp32):
