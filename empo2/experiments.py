@@ -272,18 +272,30 @@ def variant_runs(configs: dict[str, EMPO2Config], force: bool = False
 
 
 def plot_variants(frames: dict[str, pd.DataFrame], title: str, name: str, results_dir: str = "results") -> None:
-    """Training score and tip-free test score against iteration, one line per variant; saved as a figure."""
+    """Training score against iteration, and the tip-free test score with its 95% interval, one colour per
+    variant; saved as a figure. When each run was evaluated once (at its end), the test panel shows one point
+    per variant instead of lines."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    for label, frame in frames.items():
-        axes[0].plot(frame["iteration"], frame["train/score"], marker=".", label=label)
+    once = all(len(frame.dropna(subset=["eval/score"])) <= 1 for frame in frames.values())
+    for i, (label, frame) in enumerate(frames.items()):
+        axes[0].plot(frame["iteration"], frame["train/score"], marker=".", label=label, color=f"C{i}")
         evaluated = frame.dropna(subset=["eval/score"])
-        axes[1].plot(evaluated["iteration"], evaluated["eval/score"], marker="o", label=label)
+        yerr = None
+        if {"eval/score_low", "eval/score_high"} <= set(evaluated.columns):
+            yerr = [evaluated["eval/score"] - evaluated["eval/score_low"],
+                    evaluated["eval/score_high"] - evaluated["eval/score"]]
+        x = [i] * len(evaluated) if once else evaluated["iteration"]
+        axes[1].errorbar(x, evaluated["eval/score"], yerr=yerr, marker="o", capsize=3, label=label, color=f"C{i}")
     axes[0].set(xlabel="iteration", ylabel="training episode score")
-    axes[1].set(xlabel="iteration", ylabel="test score (no memory)")
-    for ax in axes:
-        ax.legend(fontsize=7)
+    axes[0].legend(fontsize=7)
+    if once:
+        axes[1].set_xticks(range(len(frames)), list(frames), rotation=30)
+        axes[1].set(xlabel="variant (evaluated at the end of training)", ylabel="test score, 95% interval (no memory)")
+    else:
+        axes[1].set(xlabel="iteration", ylabel="test score, 95% interval (no memory)")
+        axes[1].legend(fontsize=7)
     fig.suptitle(title)
     save_figure(fig, name, results_dir)
 

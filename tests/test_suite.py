@@ -12,8 +12,7 @@ def test_every_run_a_laptop_notebook_reads_is_committed():
         for cfg in suite.group_configs(group, "laptop", str(ROOT / "results")):
             if not experiments.is_finished(cfg):
                 missing.append(f"{group}: {cfg.experiment}/{cfg.name}")
-    allowed = {"sweep"}  # notebook 07 defaults to the ci profile until it lands
-    assert [m for m in missing if m.split(":")[0] not in allowed] == []
+    assert missing == []
 
 
 def test_every_laptop_run_takes_the_laptop_profile_as_it_is():
