@@ -24,9 +24,10 @@ Three cache layouts (`layout`), all computing the same thing:
 - "ragged" (the default): each row holds its own tokens contiguously from
   position 0 (`RaggedLayer`), a call computes only the slots it feeds, and
   attention (`ragged_attention`) reads each row up to its own length. The padded
-  layout above leaves holes wherever a row is shorter than the longest; a decode
-  step reads them all, and transformers' sdpa path copies the key/value heads
-  once per query head group when a mask is given. The ragged one reads neither.
+  layout above leaves holes wherever a row is shorter than the longest, and a decode
+  step reads them all; for a chunk of several tokens (a run of forced tokens and the
+  next sampled one) transformers' sdpa path also repeats the key/value heads once
+  per query head. The ragged layout reads only real entries and never repeats them.
 - "padded": the layout drawn above, written in place (`GrowingLayer`): buffers
   that double when full, so a decode step writes its new entries instead of
   copying the whole cache, and the slots a call asks for are kept as the first
@@ -145,10 +146,14 @@ class GroupGenerator:
                 positions[row, start:] = torch.arange(len(self.fed[slot]), len(self.fed[slot]) + len(chunk))
                 self.fed[slot].extend(chunk)
         input_ids, chunk_mask, positions = (t.to(self.device) for t in (input_ids, chunk_mask, positions))
-        if self.mask.shape[1] > 0 and width >= 8 and live * width > self.row_split_ratio * real:
+        if self.mask.shape[1] > 0 and self._padding_dominates(live, width, real):
             return self._forward_rows(input_ids, chunk_mask, positions)
         self.forward_calls += 1
         return self._forward(input_ids, chunk_mask, positions)
+
+    def _padding_dominates(self, rows: int, width: int, real: int) -> bool:
+        """A padded batch of `rows` × `width` would compute more than `row_split_ratio` times its `real` tokens."""
+        return width >= 8 and rows * width > self.row_split_ratio * real
 
     def _forward_rows(self, input_ids, chunk_mask, positions) -> torch.Tensor:
         """`_forward` computed row by row on the real tokens only (same cache layout and logits)."""
@@ -200,7 +205,7 @@ class GroupGenerator:
             counts.append(len(chunk))
             self.fed[slot].extend(chunk)
         input_ids, positions = input_ids.to(self.device), positions.to(self.device)
-        if len(slots) > 1 and width >= 8 and len(slots) * width > self.row_split_ratio * real:
+        if len(slots) > 1 and self._padding_dominates(len(slots), width, real):
             batches = [[b] for b in range(len(slots))]
         else:
             batches = [list(range(len(slots)))]

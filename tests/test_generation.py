@@ -74,7 +74,7 @@ def test_cache_layouts_match_the_plain_cache(policy_fp32, layout):
     cache's tokens and log-probs; the ragged cache holds no holes."""
     model, tokenizer = policy_fp32
     for ratio in (1e9, 0.0):  # padded batches, and row by row
-        fast, fast_gen, messages = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, layout=layout)
+        fast, fast_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, layout=layout)
         plain, plain_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, layout="plain")
         assert fast_gen.computed_tokens < plain_gen.computed_tokens  # slot 2's idle turn is not computed
         read, real = fast_gen.cache_positions()
