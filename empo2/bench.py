@@ -1,7 +1,7 @@
 """Benchmark: what each throughput design buys, as ratios of two ways measured in one run, on real ScienceWorld.
 
     python -m empo2.bench [--task power-component] [--group 8] [--steps 30] [--decoding constrained]
-                          [--with-naive] [--with-repeated-tips] [--quick]
+                          [--with-naive] [--with-repeated-tips] [--with-compile] [--quick]
 
 Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
   0. the machine: threads, and memory read bandwidth (a sum over 512 MB);
@@ -14,10 +14,12 @@ Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
   2. one decode step over each rollout's cache, against the memory-bandwidth bound
      (the weights + the rows' real KV entries read once, at the measured bandwidth), and two
      levers measured on the padded cache and not kept (the LoRA adapter merged into the
-     weights, eager attention);
+     weights, eager attention); with --with-compile, torch.compile of a decode step over
+     transformers' StaticCache (not kept either);
   3. the group's environment steps (the rollout's actions replayed) one after the
      other vs at the same time from threads (one JVM per environment);
-  4. with --with-naive, the update's packed pass vs one pass per turn;
+  4. one packed update pass over the longest episode: tokens per second, and attention's share
+     (forward and backward) of it; with --with-naive, the packed pass vs one pass per turn;
   5. whole iterations through the trainer (p = 0.5, so memory is exercised), EMPO² and GRPO at the laptop
      profile (each retrieved tip shown once; --with-repeated-tips adds the paper's every-step top_k):
      where the time goes, how many tokens the episodes carry (and how many are tips), and
@@ -38,6 +40,7 @@ import torch
 
 from empo2.config import EMPO2Config
 from empo2.envs import env_from_config
+from empo2.generation import GroupGenerator
 from empo2.logprobs import episode_logprobs, tokens_processed
 from empo2.loss import PLAIN
 from empo2.models import load_policy
@@ -151,6 +154,66 @@ def decode_levers(model, generator) -> dict[str, tuple[float, float]]:
     return results
 
 
+def compiled_decode_lever(model, tokenizer, rows: int, length: int, steps: int = 8) -> dict[str, float]:
+    """A decode step over `rows` synthetic prompts of `length` tokens three ways: our ragged cache, transformers'
+    StaticCache eager, and the same StaticCache step under torch.compile (fixed shapes). Returns name -> ms per
+    step, plus the seconds of the first compiled call (the compilation) and the compiled step's largest
+    |log-prob difference| from the eager one (tokens of probability >= 1%)."""
+    from transformers import StaticCache
+
+    prompts = torch.randint(1000, 20000, (rows, length), generator=torch.Generator().manual_seed(0))
+    token = tokenizer.eos_token_id
+    results, last = {}, {}
+    generator = GroupGenerator(model, tokenizer, rows)
+    with torch.no_grad():
+        generator._feed({row: prompts[row].tolist() for row in range(rows)})
+        generator._feed({row: [token] for row in range(rows)})  # warm-up
+        start = time.perf_counter()
+        for _ in range(steps):
+            generator._feed({row: [token] for row in range(rows)})
+        results["ragged cache (kept)"] = (time.perf_counter() - start) / steps * 1000
+    for name, compiled in (("StaticCache, eager", False), ("StaticCache, torch.compile", True)):
+        cache = StaticCache(config=model.config, max_cache_len=length + steps + 2)
+        forward = torch.compile(model.forward, dynamic=False) if compiled else model.forward
+        times = []
+        with torch.no_grad():
+            model(input_ids=prompts, past_key_values=cache, use_cache=True, cache_position=torch.arange(length))
+            for i in range(steps + 2):
+                position = torch.tensor([length + i])
+                start = time.perf_counter()
+                out = forward(input_ids=torch.full((rows, 1), token), past_key_values=cache, use_cache=True,
+                              cache_position=position, position_ids=position.expand(rows, 1))
+                times.append(time.perf_counter() - start)
+            last[name] = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (rows, vocab)
+        results[name] = sum(times[2:]) / steps * 1000
+        if compiled:
+            results["compile seconds"] = times[0]
+    eager = last["StaticCache, eager"]
+    results["compiled log-prob gap"] = float((last["StaticCache, torch.compile"] - eager).abs()[eager > math.log(0.01)].max())
+    return results
+
+
+def update_pass_split(model, episode) -> tuple[float, float, float]:
+    """One packed forward + backward over `episode` (tip-free): (seconds, attention's share of the CPU time,
+    attention backward over attention forward), the shares from torch's profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model.train()
+    episode_logprobs(model, episode, with_tips=False).sum().backward()  # warm-up
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        episode_logprobs(model, episode, with_tips=False).sum().backward()
+    seconds = time.perf_counter() - start
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    events = profiler.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    forward = sum(e.self_cpu_time_total for e in events if e.key == "aten::_scaled_dot_product_flash_attention_for_cpu")
+    backward = sum(e.self_cpu_time_total for e in events
+                   if e.key.startswith("aten::_scaled_dot_product_flash_attention_for_cpu_backward"))
+    return seconds, (forward + backward) / total, backward / max(forward, 1)
+
+
 def replay_seconds(envs, variation, episodes, parallel: bool) -> float:
     """Seconds of environment calls to replay `episodes`' executed actions, the group stepping together."""
     start = time.perf_counter()
@@ -223,6 +286,8 @@ def main() -> None:
     parser.add_argument("--with-repeated-tips", action="store_true",
                         help="also time EMPO2 showing every step's top_k tips again (the paper's way; needs far more "
                              "memory at 30 steps)")
+    parser.add_argument("--with-compile", action="store_true",
+                        help="also time a decode step under torch.compile over transformers' StaticCache (compiles ~1 min)")
     parser.add_argument("--quick", action="store_true", help="group 4, 10 steps")
     args = parser.parse_args()
     if args.quick:
@@ -283,12 +348,31 @@ def main() -> None:
         print("   (not kept: the update scores actions with the adapter unmerged, and merging in bf16 then unmerging"
               "\n    changes the base weights, so each iteration would need a copy of them; eager attention repeats"
               "\n    the key/value heads)")
+        if args.with_compile:
+            g = runs["ragged"][1].last_generator
+            length = round(g.cache_positions()[1] / len(g.rows))
+            lever = compiled_decode_lever(model, tokenizer, len(g.rows), length)
+            kept = lever["ragged cache (kept)"]
+            print(f"   torch.compile, measured on {len(g.rows)} synthetic prompts of {length} tokens (the rollout's mean):"
+                  f"\n     ragged cache (kept) {kept:6.1f} ms; StaticCache eager {lever['StaticCache, eager']:6.1f} ms; "
+                  f"StaticCache compiled {lever['StaticCache, torch.compile']:6.1f} ms "
+                  f"({lever['StaticCache, eager'] / lever['StaticCache, torch.compile']:.2f}x faster than eager, "
+                  f"{kept / lever['StaticCache, torch.compile']:.2f}x than the ragged cache) after "
+                  f"{lever['compile seconds']:.0f} s of compiling; max |log-prob difference| compiled vs eager "
+                  f"{lever['compiled log-prob gap']:.3f}")
 
         print("\n3. environment steps of the group, replaying the rollout's actions")
         one_by_one = replay_seconds(envs, variation, episodes, parallel=False)
         together = replay_seconds(envs, variation, episodes, parallel=True)
         print(f"   one after the other {one_by_one:6.1f} s   at the same time {together:6.1f} s   "
               f"ratio {one_by_one / together:4.2f}x faster")
+
+        longest = max(episodes, key=lambda e: tokens_processed(e, with_tips=False, packed=True))
+        seconds, attention, backward = update_pass_split(model, longest)
+        tokens = tokens_processed(longest, with_tips=False, packed=True)
+        print("\n4. one packed update pass (forward + backward, tip-free) over the rollout's longest episode")
+        print(f"   {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.0f} tokens/s); attention (sdpa, forward + "
+              f"backward) {attention:.0%} of the CPU time, its backward {backward:.1f}x its forward")
 
         if args.with_naive:
             print("\n4b. update log-probs: packed (one pass per episode) vs one pass per turn, forward + backward")
