@@ -167,11 +167,7 @@ def compiled_decode_lever(model, tokenizer, rows: int, length: int, steps: int =
     generator = GroupGenerator(model, tokenizer, rows)
     with torch.no_grad():
         generator._feed({row: prompts[row].tolist() for row in range(rows)})
-        generator._feed({row: [token] for row in range(rows)})  # warm-up
-        start = time.perf_counter()
-        for _ in range(steps):
-            generator._feed({row: [token] for row in range(rows)})
-        results["ragged cache (kept)"] = (time.perf_counter() - start) / steps * 1000
+    results["ragged cache (kept)"] = decode_step_ms(generator, steps)
     for name, compiled in (("StaticCache, eager", False), ("StaticCache, torch.compile", True)):
         cache = StaticCache(config=model.config, max_cache_len=length + steps + 2)
         forward = torch.compile(model.forward, dynamic=False) if compiled else model.forward
@@ -198,6 +194,7 @@ def update_pass_split(model, episode) -> tuple[float, float, float]:
     attention backward over attention forward), the shares from torch's profiler."""
     from torch.profiler import ProfilerActivity, profile
 
+    was_training = model.training
     model.train()
     episode_logprobs(model, episode, with_tips=False).sum().backward()  # warm-up
     start = time.perf_counter()
@@ -205,7 +202,7 @@ def update_pass_split(model, episode) -> tuple[float, float, float]:
         episode_logprobs(model, episode, with_tips=False).sum().backward()
     seconds = time.perf_counter() - start
     model.zero_grad(set_to_none=True)
-    model.eval()
+    model.train(was_training)
     events = profiler.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     forward = sum(e.self_cpu_time_total for e in events if e.key == "aten::_scaled_dot_product_flash_attention_for_cpu")
