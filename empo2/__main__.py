@@ -4,9 +4,15 @@
     python -m empo2 train --method empo2 --task power-component --profile laptop --seed 1
     python -m empo2 train --profile ci --set p=0.5 --set iterations=3
     python -m empo2 train ... --resume                     # continue from the run's last checkpoint
+    python -m empo2 train ... --overwrite                  # replace the run in that folder
     python -m empo2 train --method naive --task find-animal --profile laptop   # evaluation only
-    python -m empo2 eval --method grpo --task power-component --profile laptop # a run's last checkpoint
+    python -m empo2 eval --method grpo --task power-component --profile laptop # evaluate a trained run again
     python -m empo2 config --profile paper                 # print a profile with every field's help
+
+A run lives in results/<profile>/<experiment>/<run>/ (experiment: the task's name unless --experiment),
+where the notebooks look for it. `train` refuses a folder that already holds a run unless told to
+--resume it (a finished one is reused) or --overwrite it; `eval` writes its records into the run's
+evaluations/eval-NNN/ and never touches the run's own.
 """
 
 from __future__ import annotations
@@ -86,7 +92,7 @@ def demo(args) -> None:
           f"(generation {roller.timer.generation:.1f} s, environment {roller.timer.environment:.1f} s)")
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m empo2", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -100,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
                              help="constrained: choose among the admissible actions; free: text snapped to one")
 
     for name, text in (("train", "train a method (empo2, grpo, memory_only) and evaluate it"),
-                       ("eval", "evaluate a run's last checkpoint (or the initial policy) without memory")):
+                       ("eval", "evaluate a run's trained policy again (its last checkpoint, else final_weights.pt) "
+                                "into the run's evaluations/ folder")):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--profile", default="laptop", choices=PROFILES)
         sub.add_argument("--method", default=None, choices=METHODS)
@@ -110,13 +117,21 @@ def main(argv: list[str] | None = None) -> None:
         sub.add_argument("--seed", type=int, default=None)
         sub.add_argument("--experiment", default=None)
         sub.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override any config field")
-        sub.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+        if name == "train":
+            how = sub.add_mutually_exclusive_group()
+            how.add_argument("--resume", action="store_true",
+                             help="continue the run in its folder from the last checkpoint (a finished run is reused)")
+            how.add_argument("--overwrite", action="store_true", help="delete the run in its folder and train afresh")
         sub.add_argument("--quiet", action="store_true", help="no progress bars")
 
     config_parser = commands.add_parser("config", help="print a profile's config with every field's help")
     config_parser.add_argument("--profile", default="laptop", choices=PROFILES)
 
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if args.command == "demo":
         demo(args)
         return
@@ -127,21 +142,38 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{field.name:22s} = {getattr(cfg, field.name)!r:32s}  # {helps[field.name]}")
         return
 
+    from empo2.experiments import is_finished
     from empo2.models import resolve_policy_path
-    from empo2.trainer import Trainer
+    from empo2.runs import DONE_FILE, RunError
+    from empo2.trainer import Trainer, evaluate_run
 
     cfg = config_from_args(args)
     try:  # before anything slow starts (model load, JVMs)
         resolve_policy_path(cfg.model)
     except FileNotFoundError as error:
         raise SystemExit(f"error: model: {error}") from None
-    # eval: the run's last checkpoint when there is one (else the initial policy), on the test variations.
-    resume = args.resume or args.command == "eval"
-    with Trainer(cfg, resume=resume, show_progress=not args.quiet) as trainer:
-        metrics = trainer.evaluate() if args.command == "eval" else trainer.train()
-        if trainer.processes.is_main:
-            print(json.dumps(metrics, indent=2))
-            print(f"results in {trainer.run_dir}")
+    try:
+        if args.command == "eval":
+            metrics, folder = evaluate_run(cfg, show_progress=not args.quiet)
+        elif args.resume and is_finished(cfg):
+            folder = cfg.run_dir
+            metrics = json.loads((folder / DONE_FILE).read_text())
+            print(f"{folder} holds this run, finished: nothing to resume (--overwrite retrains it)")
+        else:
+            with Trainer(cfg, resume=args.resume, overwrite=args.overwrite, show_progress=not args.quiet) as trainer:
+                metrics, folder = trainer.train(), trainer.run_dir
+    except RunError as error:
+        raise SystemExit(f"error: {error}") from None
+    if _is_main_process():
+        print(json.dumps(metrics, indent=2))
+        print(f"results in {folder}")
+
+
+def _is_main_process() -> bool:
+    """Only the first of several launched processes prints (torchrun and accelerate set RANK)."""
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 METHODS = ("empo2", "grpo", "naive", "memory_only")
 PROFILES = ("ci", "laptop", "paper")
@@ -37,12 +38,14 @@ class EMPO2Config:
     """Which method: empo2, grpo, naive, memory_only (see the module docstring)."""
     profile: str = "laptop"
     """The preset these values started from: ci, laptop or paper (recorded, not re-applied)."""
-    experiment: str = "scratch"
-    """Results go to `results_dir/experiment/run_name/`."""
+    experiment: str = ""
+    """The experiment's folder under `results_dir/profile/`; empty means the task's name (ScienceWorld)
+    or the environment's (webshop, corridor), the folders the notebooks read."""
     run_name: str = ""
     """Run folder name; empty means `<method>-<task>-seed<seed>`."""
     results_dir: str = "results"
-    """Root folder of all results."""
+    """Root folder of all results: a run lives in `results_dir/profile/experiment/run_name/` (`run_dir`),
+    whether the command line, a notebook or a script made it."""
     seed: int = 0
     """Seeds Python, NumPy and torch (sampling, mode draws, variation order)."""
     # --- environment --------------------------------------------------------------
@@ -73,8 +76,8 @@ class EMPO2Config:
     embedder: str = "all-minilm-l6-v2"
     """State embedder for memory keys and novelty (embedded default, 384-d)."""
     init_weights: str = ""
-    """Start from another run's trained weights: its folder as `experiment/run_name` under results_dir
-    (its `final_weights.pt`); empty: the base model. With method naive this evaluates a trained policy."""
+    """Start from another run's trained weights: its folder as `experiment/run_name` under
+    `results_dir/profile` (its `final_weights.pt`); empty: the base model. With method naive this evaluates a trained policy."""
     lora_rank: int = 8
     """LoRA rank; 0 trains all weights (full fine-tuning)."""
     lora_alpha: int = 16
@@ -154,7 +157,8 @@ class EMPO2Config:
     delta_mode: str = "token"
     """How the delta mask applies: token, sequence (whole turn) or none."""
     kl_beta: float = 0.0
-    """Weight of the KL penalty to the initial policy (0 for ScienceWorld, 0.01 WebShop)."""
+    """Weight of the KL penalty to the initial policy (0 for ScienceWorld, 0.01 WebShop): with LoRA the
+    adapter-free base model, with full fine-tuning a frozen bf16 copy of the initial weights."""
     ppo_epochs: int = 1
     """Passes over the iteration's episodes."""
     minibatch_episodes: int = 0
@@ -183,6 +187,8 @@ class EMPO2Config:
     def __post_init__(self):
         self.lora_target_modules = tuple(self.lora_target_modules)
         self.validate()
+        if not self.experiment:
+            self.experiment = self.task if self.env == "scienceworld" else self.env
 
     def validate(self) -> None:
         """Raise ValueError naming the first field that is out of range."""
@@ -294,6 +300,11 @@ class EMPO2Config:
     @property
     def name(self) -> str:
         return self.run_name or f"{self.method}-{self.task if self.env == 'scienceworld' else self.env}-seed{self.seed}"
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's folder: `results_dir/profile/experiment/run_name/` (one layout for every caller)."""
+        return Path(self.results_dir) / self.profile / self.experiment / self.name
 
     # --- construction and (de)serialisation ---------------------------------------------
     @classmethod

@@ -1,10 +1,11 @@
 """Running experiments from notebooks: run-or-reuse, reading results, plotting helpers.
 
-Notebooks call `run(cfg)`: if `results/<experiment>/<run>/` already holds a
+Notebooks call `run(cfg)`: if `cfg.run_dir` (`results/<profile>/<experiment>/<run>/`, the folder
+`python -m empo2 train` writes too) already holds a
 finished run with exactly this config, it is reused (so a fresh clone
 regenerates every figure from the committed results in seconds); otherwise the
 run is trained, resuming from its last checkpoint if one exists. `force=True`
-retrains from scratch. Figures are drawn from the files only.
+retrains from scratch; a folder holding a run of another config is refused, never deleted. Figures are drawn from the files only.
 """
 
 from __future__ import annotations
@@ -13,54 +14,25 @@ import contextlib
 import json
 import os
 import platform
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from empo2.config import EMPO2Config
+from empo2.runs import RunFolder, config_differences, read_rows
 
 try:
     import fcntl
 except ImportError:  # Windows: runs are not locked
     fcntl = None
 
-DONE_FILE = "summary.json"
-"""Written last, when a run finished; its presence marks a run as reusable."""
-
-
-def run_dir(cfg: EMPO2Config) -> Path:
-    return Path(cfg.results_dir) / cfg.experiment / cfg.name
-
-
-def _same_config(saved: dict, cfg: EMPO2Config) -> bool:
-    """True when `saved` describes the same run as `cfg`.
-
-    A field added to EMPO2Config after the run was saved counts as equal when
-    `cfg` keeps its default: the saved run behaved exactly like that default.
-    """
-    from dataclasses import MISSING, fields
-
-    defaults = {f.name: f.default for f in fields(EMPO2Config) if f.default is not MISSING}
-    ignore = {"results_dir"}  # the same run may be read from another checkout location
-    mine = json.loads(json.dumps(cfg.to_dict()))
-    for key, value in mine.items():
-        if key in ignore:
-            continue
-        if key in saved:
-            if saved[key] != value:
-                return False
-        elif key not in defaults or json.loads(json.dumps(defaults[key])) != value:
-            return False
-    return not (set(saved) - set(mine))
-
-
 def is_finished(cfg: EMPO2Config) -> bool:
-    folder = run_dir(cfg)
-    if not (folder / DONE_FILE).exists() or not (folder / "config.json").exists():
+    """A finished run of exactly this config is in `cfg.run_dir`."""
+    folder = RunFolder(cfg.run_dir)
+    if not folder.finished or not (folder.path / "config.json").exists():
         return False
-    return _same_config(json.loads((folder / "config.json").read_text())["config"], cfg)
+    return not config_differences(json.loads((folder.path / "config.json").read_text())["config"], cfg)
 
 
 PROGRESS_VARIABLE = "EMPO2_PROGRESS"
@@ -81,7 +53,7 @@ def run(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None = N
     tab, the runner beside an open notebook) says which process holds it, waits,
     and then reuses what that process finished.
     """
-    folder = run_dir(cfg)
+    folder = cfg.run_dir
     with run_lock(folder):
         if not force and is_finished(cfg):
             record = json.loads((folder / "config.json").read_text())
@@ -89,19 +61,13 @@ def run(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None = N
                 ", uncommitted changes" if record.get("git_dirty") else "")
             print(f"reusing {folder} (finished run with the same config, made by {made_by}; force=True retrains)")
             return folder
-        if force:
-            shutil.rmtree(folder, ignore_errors=True)
-        elif folder.exists() and (folder / "config.json").exists():
-            saved = json.loads((folder / "config.json").read_text())["config"]
-            if not _same_config(saved, cfg):  # an unfinished run of another config: start over
-                shutil.rmtree(folder, ignore_errors=True)
         from empo2.trainer import Trainer
 
         if show_progress is None:
             show_progress = progress_enabled()
-        with Trainer(cfg, resume=True, show_progress=show_progress) as trainer:
-            last = trainer.train()
-        (folder / DONE_FILE).write_text(json.dumps(last, indent=2))
+        # An unfinished run of this config resumes; one of another config is refused (RunExists), not deleted.
+        with Trainer(cfg, resume=True, overwrite=force, show_progress=show_progress) as trainer:
+            trainer.train()
     return folder
 
 
@@ -132,12 +98,7 @@ def run_lock(folder: Path):
 
 
 def read_jsonl(path: Path) -> pd.DataFrame:
-    rows = []
-    if Path(path).exists():
-        for line in Path(path).read_text().splitlines():
-            if line.strip():
-                rows.append(json.loads(line))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(read_rows(path))
 
 
 def metrics(folder: Path) -> pd.DataFrame:
@@ -316,16 +277,3 @@ def enter_project_root() -> Path:
     os.chdir(root)
     return root
 
-
-def cached_json(path: Path, compute, force: bool = False):
-    """Load `path` if it exists (and not `force`), else compute, save and return the JSON-able value."""
-    path = Path(path)
-    if path.exists() and not force:
-        print(f"reusing {path} (force=True recomputes)")
-        return json.loads(path.read_text())
-    value = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps(value, indent=1))
-    partial.replace(path)
-    return value

@@ -39,15 +39,14 @@ def cached(path: str | Path, cfg: EMPO2Config, compute, force: bool = False, set
     The file holds {"config": cfg.to_dict(), "settings": settings, "git_commit": ..., "git_dirty": ...,
     "value": value}; `settings` are the notebook's own knobs that are not config fields (e.g. how
     many episodes). A config that differs in any field but `results_dir`, or other settings,
-    recompute (as `experiments.run` retrains a run whose config changed).
+    recompute and replace the file (a cache of a lesson's numbers, not a run's records).
     """
-    from empo2.experiments import _same_config
-    from empo2.runs import provenance
+    from empo2.runs import config_differences, provenance, write_json_atomic
 
     path, settings = Path(path), json.loads(json.dumps(settings or {}))
     if path.exists() and not force:
         saved = json.loads(path.read_text())
-        if (isinstance(saved, dict) and "config" in saved and _same_config(saved["config"], cfg)
+        if (isinstance(saved, dict) and "config" in saved and not config_differences(saved["config"], cfg)
                 and saved.get("settings", {}) == settings):
             made_by = f"commit {saved.get('git_commit', '?')[:10]}" + (
                 ", uncommitted changes" if saved.get("git_dirty") else "")
@@ -57,10 +56,8 @@ def cached(path: str | Path, cfg: EMPO2Config, compute, force: bool = False, set
     value = compute()
     made = provenance()
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps({"config": cfg.to_dict(), "settings": settings, "git_commit": made["git_commit"],
-                                   "git_dirty": made["git_dirty"], "value": value}, indent=1))
-    partial.replace(path)
+    write_json_atomic(path, {"config": cfg.to_dict(), "settings": settings, "git_commit": made["git_commit"],
+                             "git_dirty": made["git_dirty"], "value": value}, indent=1)
     return value
 
 
@@ -221,7 +218,7 @@ def importance_ratios(cfg: EMPO2Config) -> list[dict]:
     from empo2.trainer import Trainer
 
     n = cfg.group_size
-    with Trainer(cfg, show_progress=False) as trainer:
+    with Trainer(cfg, overwrite=True, show_progress=False) as trainer:  # a scratch run, played again on recompute
         lesson = Lesson(cfg, trainer.roller, trainer.envs, trainer.tokenizer, trainer.embedder, trainer.memory)
         variation = trainer.train_variations[0]
         warmup = lesson.play([variation] * n, [PLAIN] * n, temperature=cfg.temperature, write_tips=True,

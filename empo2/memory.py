@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import faiss
 import numpy as np
+
+from empo2.runs import write_atomic
 
 _ENTRIES_FILE = "entries.jsonl"
 _KEYS_FILE = "keys.npy"
@@ -211,9 +212,9 @@ class TipMemory:
         )
         meta = {"dim": self.dim, "capacity": self.capacity, "similarity_threshold": self.similarity_threshold,
                 "top_k": self.top_k, "next_counter": self._next_counter, "num_entries": len(every)}
-        _write_atomic(directory / _ENTRIES_FILE, lambda f: f.write(lines.encode("utf-8")))
-        _write_atomic(directory / _KEYS_FILE, lambda f: np.save(f, keys.astype(np.float32)))
-        _write_atomic(directory / _META_FILE, lambda f: f.write(json.dumps(meta, indent=2).encode("utf-8")))
+        write_atomic(directory / _ENTRIES_FILE, lambda f: f.write(lines.encode("utf-8")))
+        write_atomic(directory / _KEYS_FILE, lambda f: np.save(f, keys.astype(np.float32)))
+        write_atomic(directory / _META_FILE, lambda f: f.write(json.dumps(meta, indent=2).encode("utf-8")))
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "TipMemory":
@@ -242,17 +243,3 @@ class TipMemory:
             bucket.evict_oldest()
         bucket.append(entry)
 
-
-def _write_atomic(path: Path, write) -> None:
-    """Call write(binary file) on a temporary file next to `path`, then move it onto `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise

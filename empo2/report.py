@@ -85,7 +85,7 @@ def _scores(configs) -> list[np.ndarray] | None:
     """Final test scores of each config's run, or None when any of them is not finished here."""
     if not configs or not all(experiments.is_finished(c) for c in configs):
         return None
-    return [experiments.final_test_scores(experiments.run_dir(c)) for c in configs]
+    return [experiments.final_test_scores(c.run_dir) for c in configs]
 
 
 def _difference_claim(claim: str, section: str, paper_text: str, a, b, label: str) -> dict:
@@ -178,7 +178,7 @@ def memory_cost_claim(configs) -> dict:
            "paper": f"{paper.MEMORY_COST_SHARE_OF_ROLLOUT:.0%} ({paper.MEMORY_COST_SECONDS} s per iteration)"}
     if not all(experiments.is_finished(c) for c in configs):
         return {**row, "ours": "not yet run at this profile", "verdict": "—"}
-    frames = [experiments.metrics(experiments.run_dir(c)) for c in configs]
+    frames = [experiments.metrics(c.run_dir) for c in configs]
     per_iteration = pd.concat(frames)
     # time/memory holds embedding, retrieval, storage and tip writing (time/tip_writing is its part).
     shares = (per_iteration["time/memory"] / per_iteration["time/rollout"]).to_numpy()  # (iterations of all runs,)

@@ -1,15 +1,23 @@
-"""A run's folder: its record files and its checkpoints, written so that a killed run resumes exactly.
+"""A run's folder: its record files and its checkpoints, written so that a killed run resumes exactly
+and no command deletes a run's records unless it was asked to.
 
-    results/<experiment>/<run>/
+    results/<profile>/<experiment>/<run>/     (`EMPO2Config.run_dir`)
       config.json        the config with its provenance (git commit, clean or not, package versions)
       metrics.jsonl      one row per iteration; episodes.jsonl and tips.jsonl one row per episode
+      summary.json       the last metrics, written when the run finished (a finished run is reused)
+      final_weights.pt   a finished training run's trainable weights
+      evaluations/       eval-NNN/ folders: `python -m empo2 eval` of this run, each a run folder of its own
       checkpoints/       iter-NNNNN/ folders (the two newest) and `latest`, the name of the newest
 
 A checkpoint is written into a `.partial-NNNNN` folder and renamed when complete,
 then `latest` is replaced atomically, so a run killed while writing one resumes
-from the previous one. Rows are appended and flushed to disk one call at a time;
-on resume, rows of iterations after the checkpoint (written by a run that then
-died) are dropped, so the files read as if the run had never stopped.
+from the previous one. Every other file is written whole to a temporary file and
+moved into place, or appended one flushed row at a time; on resume, rows of
+iterations after the checkpoint (written by a run that then died) and a torn last
+line are dropped, so the files read as if the run had never stopped.
+
+A folder that holds records is only reused as asked (`RunFolder.claim`): resumed
+from its checkpoint, replaced with `overwrite`, or refused with an error that says so.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import os
 import platform
 import shutil
 import subprocess
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -73,7 +82,71 @@ def episode_row(episode, iteration: int, phase: str, advantage: float | None = N
 
 
 ROW_FILES = ("metrics.jsonl", "episodes.jsonl", "tips.jsonl")
+DONE_FILE = "summary.json"
+"""Written last, when a run finished; its presence marks a run as reusable."""
+FINAL_WEIGHTS = "final_weights.pt"
+"""A finished run's trainable weights, beside its results."""
 KEEP_CHECKPOINTS = 2
+
+
+class RunError(Exception):
+    """A run folder cannot be used as asked (found before anything slow starts)."""
+
+
+class RunExists(RunError, FileExistsError):
+    """A run folder holds records that the command was not asked to resume or replace."""
+
+
+def write_atomic(path: Path, write) -> None:
+    """Call write(binary file) on a temporary file next to `path`, then move it onto `path`: a process killed
+    meanwhile leaves the old file (or none), never half of the new one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def write_json_atomic(path: Path, value, indent: int = 2) -> None:
+    write_text_atomic(path, json.dumps(value, indent=indent))
+
+
+def save_torch_atomic(value, path: Path) -> None:
+    write_atomic(path, lambda f: torch.save(value, f))
+
+
+def config_differences(saved: dict, cfg) -> list[str]:
+    """The config fields in which `saved` (a config.json's "config") and `cfg` describe different runs.
+
+    A field added to EMPO2Config after the run was saved counts as equal when `cfg` keeps its default:
+    the saved run behaved exactly like that default. `results_dir` is ignored: the same run may be read
+    from another checkout location.
+    """
+    from dataclasses import MISSING, fields
+
+    defaults = {f.name: json.loads(json.dumps(f.default)) for f in fields(cfg) if f.default is not MISSING}
+    mine = json.loads(json.dumps(cfg.to_dict()))
+    differ = [key for key, value in mine.items() if key != "results_dir"
+              and saved.get(key, defaults.get(key, MISSING)) != value]
+    return differ + sorted(set(saved) - set(mine))
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The complete rows of a jsonl file (a torn last line, from a process killed mid-write, is skipped)."""
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip().endswith("}")]
 
 
 class RunFolder:
@@ -83,15 +156,57 @@ class RunFolder:
         self.writes = writes
         """False in every training process but the first: they read checkpoints and write nothing."""
 
+    def holds_records(self) -> bool:
+        return (self.path / "config.json").exists() or any((self.path / name).exists() for name in ROW_FILES)
+
+    @property
+    def finished(self) -> bool:
+        return (self.path / DONE_FILE).exists()
+
+    def describe(self) -> str:
+        """What the folder holds, for messages: e.g. "finished, 2 metric rows, 5 episodes"."""
+        counts = [f"{len(read_rows(self.path / name))} {label}" for name, label in
+                  (("metrics.jsonl", "metric rows"), ("episodes.jsonl", "episodes")) if (self.path / name).exists()]
+        return ", ".join((["finished"] if self.finished else []) + counts) or "a config.json"
+
+    def claim(self, cfg, *, resume: bool, overwrite: bool) -> Path | None:
+        """Decide how run `cfg` may use this folder; return the checkpoint to resume from (None: start afresh).
+
+        An empty folder starts afresh; `overwrite` deletes what the folder holds and starts afresh; `resume`
+        continues the same config's run from its last checkpoint (an unfinished run killed before its first
+        checkpoint starts again from the beginning). Anything else raises RunExists before anything is changed.
+        """
+        if not self.holds_records():
+            return None
+        if overwrite:
+            if self.writes:
+                shutil.rmtree(self.path)
+            return None
+        how = "resume it with --resume (resume=True) or replace it with --overwrite (overwrite=True)"
+        if not resume:
+            raise RunExists(f"{self.path} already holds a run ({self.describe()}); {how}")
+        saved = json.loads((self.path / "config.json").read_text())["config"] if (
+            self.path / "config.json").exists() else {}
+        differ = config_differences(saved, cfg)
+        if differ:
+            raise RunExists(f"{self.path} holds a run of another config ({', '.join(differ[:6])} differ); "
+                            "replace it with --overwrite (overwrite=True, force=True) or name another "
+                            "--experiment / run_name")
+        checkpoint = self.latest_checkpoint()
+        if checkpoint is None and (self.finished or (self.path / FINAL_WEIGHTS).exists()):
+            raise RunExists(f"{self.path} holds a finished run ({self.describe()}) without the checkpoint a resume "
+                            "needs (checkpoints are not committed); retrain it with --overwrite (overwrite=True)")
+        return checkpoint
+
     def start(self, record: dict, *, fresh: bool) -> None:
-        """Create the folder and write `config.json`; a fresh run first drops any earlier rows."""
+        """Create the folder and write `config.json`; a fresh start needs a folder without records (`claim`)."""
         if not self.writes:
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        if fresh:
+        if fresh:  # an unfinished run killed before its first checkpoint: its rows are played again
             for name in ROW_FILES:
                 (self.path / name).unlink(missing_ok=True)
-        (self.path / "config.json").write_text(json.dumps(record, indent=2))
+        write_json_atomic(self.path / "config.json", record)
 
     def append(self, name: str, rows: list[dict]) -> None:
         if not self.writes:
@@ -101,6 +216,14 @@ class RunFolder:
                 handle.write(json.dumps(row) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+    def finish(self, last: dict, weights: dict | None = None) -> None:
+        """Mark the run finished: its final trainable weights (if any), then `summary.json`, each written whole."""
+        if not self.writes:
+            return
+        if weights is not None:
+            save_torch_atomic(weights, self.path / FINAL_WEIGHTS)
+        write_json_atomic(self.path / DONE_FILE, last)
 
     def latest_checkpoint(self) -> Path | None:
         pointer = self.checkpoints / "latest"
@@ -119,9 +242,7 @@ class RunFolder:
         yield partial
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
-        pointer = self.checkpoints / "latest.tmp"
-        pointer.write_text(final.name)
-        pointer.replace(self.checkpoints / "latest")
+        write_text_atomic(self.checkpoints / "latest", final.name)
         for old in sorted(self.checkpoints.glob("iter-*"))[:-KEEP_CHECKPOINTS]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -132,6 +253,5 @@ class RunFolder:
         for name in ROW_FILES:
             file = self.path / name
             if file.exists():
-                rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip().endswith("}")]
-                kept = [row for row in rows if row.get("iteration", 0) <= iteration]
-                file.write_text("".join(json.dumps(row) + "\n" for row in kept))
+                kept = [row for row in read_rows(file) if row.get("iteration", 0) <= iteration]
+                write_text_atomic(file, "".join(json.dumps(row) + "\n" for row in kept))

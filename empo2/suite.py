@@ -1,7 +1,8 @@
 """The runs behind each notebook, defined once so notebooks and batch jobs agree exactly.
 
 Every function returns `EMPO2Config`s for a profile; `experiments.run` trains or
-reuses them. Runs live under `<results_dir>/<profile>/<experiment>/<run>/`.
+reuses them. Runs live under `<results_dir>/<profile>/<experiment>/<run>/` (`EMPO2Config.run_dir`), where
+`python -m empo2 train` puts them too.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ MAIN_TASK = "power-component"
 SEEDS = {"ci": (0, 1), "laptop": (0, 1, 2), "paper": (0, 1, 2)}
 
 def _cfg(profile: str, results_dir: str, experiment: str, **overrides) -> EMPO2Config:
-    return EMPO2Config.from_profile(profile, results_dir=f"{results_dir}/{profile}", experiment=experiment,
-                                    **overrides)
+    return EMPO2Config.from_profile(profile, results_dir=results_dir, experiment=experiment, **overrides)
 
 
 def main_comparison(profile: str, results_dir: str = "results") -> list[EMPO2Config]:

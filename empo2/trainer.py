@@ -17,12 +17,15 @@ One iteration, top to bottom (`Trainer.train_iteration`):
 Launched as several processes (torchrun / accelerate launch), each plays its share of the groups
 and the update sums their gradients: the same run as one process (empo2.distributed).
 
-Everything a run produces lands in `results/<experiment>/<run>/` (empo2.runs):
+Everything a run produces lands in `results/<profile>/<experiment>/<run>/` (`cfg.run_dir`, empo2.runs):
     config.json       the config, git commit, package versions, machine
     metrics.jsonl     one row per iteration (training and, when run, evaluation)
     episodes.jsonl    one row per episode (train and eval): mode, score, actions, tip
     tips.jsonl        every tip written, with its episode's score
+    summary.json      the last metrics, once the run finished; final_weights.pt beside it
+    evaluations/      `evaluate_run`'s evaluations of the run, eval-NNN/ each
     checkpoints/      resumable state every `checkpoint_every` iterations (git-ignored)
+A folder that already holds a run is resumed or replaced only when asked (`resume`, `overwrite`).
 """
 
 from __future__ import annotations
@@ -45,27 +48,34 @@ from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy, load_trained_weights
 from empo2.novelty import GroupNovelty, NoveltyStore, replay
 from empo2.rollout import Roller, RolloutTimer, draw_modes
-from empo2.runs import RunFolder, episode_row, provenance
+from empo2.runs import FINAL_WEIGHTS, RunError, RunFolder, episode_row, provenance, read_rows
 from empo2.stats import bootstrap_interval
 from empo2.update import PolicyUpdate, decision_tokens
 
 
-FINAL_WEIGHTS = "final_weights.pt"  # a finished run's trainable weights, beside its results
-
-
 class Trainer:
-    """Builds everything a run needs from an `EMPO2Config`; `train()` runs it."""
+    """Builds everything a run needs from an `EMPO2Config`; `train()` runs it.
 
-    def __init__(self, cfg: EMPO2Config, *, resume: bool = False, show_progress: bool = True):
+    resume: continue the run in `cfg.run_dir` from its last checkpoint; overwrite: delete what that folder
+    holds and start afresh. Without either, a folder that holds a run is refused (`RunExists`) before
+    anything slow starts. `folder` writes the records elsewhere and `weights` starts from a weights file
+    (`evaluate_run` uses both).
+    """
+
+    def __init__(self, cfg: EMPO2Config, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True,
+                 folder: Path | None = None, weights: Path | None = None):
         self.cfg = cfg
-        initial_weights = Path(cfg.results_dir) / cfg.init_weights / FINAL_WEIGHTS if cfg.init_weights else None
-        if initial_weights is not None and not initial_weights.is_file():
-            raise ValueError(f"init_weights: {cfg.init_weights!r} has no {FINAL_WEIGHTS} under {cfg.results_dir}; "
-                             "name a finished run as experiment/run_name")
+        initial_weights = weights
+        if initial_weights is None and cfg.init_weights:
+            initial_weights = Path(cfg.results_dir) / cfg.profile / cfg.init_weights / FINAL_WEIGHTS
+            if not initial_weights.is_file():
+                raise ValueError(f"init_weights: {cfg.init_weights!r} has no {FINAL_WEIGHTS} under "
+                                 f"{Path(cfg.results_dir) / cfg.profile}; name a finished run as experiment/run_name")
         self.processes = Processes(cfg.device)
         self.show_progress = show_progress and self.processes.is_main
-        self.folder = RunFolder(Path(cfg.results_dir) / cfg.experiment / cfg.name, writes=self.processes.is_main)
+        self.folder = RunFolder(folder or cfg.run_dir, writes=self.processes.is_main)
         self.run_dir = self.folder.path
+        checkpoint = self.folder.claim(cfg, resume=resume, overwrite=overwrite)  # may refuse: before anything slow
         self.iteration = 0
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -100,7 +110,6 @@ class Trainer:
         self.test_variations = list(self.envs[0].test_variations)[: cfg.eval_variations or cfg.n_test_variations]
         self.roller = Roller.from_config(cfg, self.model, self.tokenizer, embedder=self.embedder, memory=self.memory,
                                          novelty=self.novelty, generator=self.sampler)
-        checkpoint = self.folder.latest_checkpoint() if resume else None
         self.folder.start({"config": cfg.to_dict(), **provenance()}, fresh=checkpoint is None)
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
@@ -124,7 +133,9 @@ class Trainer:
         if cfg.method == "naive":
             last = {"iteration": 0, **self.evaluate()}
             self.folder.append("metrics.jsonl", [last])
+            self.folder.finish(last)
             return last
+        started_at = self.iteration
         bar = tqdm(total=cfg.iterations, initial=self.iteration, desc=cfg.name, disable=not self.show_progress)
         try:
             while self.iteration < stop_at:
@@ -138,11 +149,13 @@ class Trainer:
                 bar.set_postfix(score=f"{last['train/score']:.1f}", eval=f"{last.get('eval/score', float('nan')):.1f}")
         finally:
             bar.close()
-        if self.iteration and (not cfg.checkpoint_every or self.iteration % cfg.checkpoint_every):
+        if self.iteration > started_at and (not cfg.checkpoint_every or self.iteration % cfg.checkpoint_every):
             self.save_checkpoint()
-        if self.iteration == cfg.iterations and self.update is not None and self.processes.is_main:
+        if self.iteration == started_at:  # resumed at the end: its last row is the run's last metrics
+            last = (read_rows(self.run_dir / "metrics.jsonl") or [{}])[-1]
+        if self.iteration == cfg.iterations and not self.folder.finished:
             # Small (LoRA) final weights beside the results, for notebooks that reuse the trained policy.
-            torch.save(self.trainable_state(), self.run_dir / FINAL_WEIGHTS)
+            self.folder.finish(last, self.trainable_state() if self.update is not None else None)
         return last
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
@@ -278,14 +291,7 @@ class Trainer:
         return self.folder.latest_checkpoint()
 
     def load_checkpoint(self, path: Path) -> None:
-        weights = torch.load(path / "weights.pt")
-        named = dict(self.model.named_parameters())
-        missing = set(weights) - set(named)
-        if missing:
-            raise ValueError(f"checkpoint {path}: parameters {sorted(missing)[:3]} do not exist in this model")
-        with torch.no_grad():
-            for name, value in weights.items():
-                named[name].copy_(value)
+        load_trained_weights(self.model, path / "weights.pt")
         if self.update is not None and (path / "optimizer.pt").exists():
             self.update.optimizer.load_state_dict(torch.load(path / "optimizer.pt"))
         self.memory = TipMemory.load(path / "memory")
@@ -316,3 +322,44 @@ class Trainer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def evaluate_run(cfg: EMPO2Config, *, show_progress: bool = True) -> tuple[dict, Path]:
+    """Evaluate the run in `cfg.run_dir` again, into a new `evaluations/eval-NNN/` folder beside its records
+    (which it only reads). Returns the evaluation's metrics (their "weights" says which policy played) and folder.
+
+    The policy is the run's latest checkpoint, else its final_weights.pt (a clone has no checkpoints); a method
+    that trains no weights plays its starting policy (memory_only with its checkpoint's memory, if any). The
+    sampling seeds are those of the run's own evaluation after that iteration, so evaluating a finished run's
+    final weights with its config replays its final evaluation.
+    """
+    source = RunFolder(cfg.run_dir, writes=False)
+    if not (source.path / "config.json").exists():
+        raise RunError(f"no run at {source.path} to evaluate; train it first (python -m empo2 train "
+                                "with the same options)")
+    checkpoint, final = source.latest_checkpoint(), source.path / FINAL_WEIGHTS
+    weights = None
+    if cfg.trains_weights:
+        weights = checkpoint / "weights.pt" if checkpoint is not None else final if final.exists() else None
+        if weights is None:
+            raise RunError(f"{source.path} has neither a checkpoint nor {FINAL_WEIGHTS}: no trained weights "
+                                    "to evaluate")
+    if checkpoint is not None:
+        iteration = torch.load(checkpoint / "state.pt", weights_only=False)["iteration"]
+    else:
+        iteration = cfg.iterations if source.finished and cfg.method != "naive" else 0
+    used = (f"{weights} (iteration {iteration})" if weights is not None
+            else f"{cfg.init_weights}'s final weights" if cfg.init_weights else "the base model")
+    if cfg.eval_with_memory:
+        used += " with the memory of " + (str(checkpoint) if checkpoint is not None else "nothing (no checkpoint)")
+    evaluations = source.path / "evaluations"
+    number = 1 + max((int(p.name.split("-")[1]) for p in evaluations.glob("eval-[0-9][0-9][0-9]")), default=0)
+    with Trainer(cfg, folder=evaluations / f"eval-{number:03d}", weights=weights,
+                 show_progress=show_progress) as trainer:
+        if cfg.eval_with_memory and checkpoint is not None:
+            trainer.memory = trainer.roller.memory = TipMemory.load(checkpoint / "memory")
+        trainer.iteration = iteration
+        metrics = {"iteration": iteration, "weights": used, **trainer.evaluate()}
+        trainer.folder.append("metrics.jsonl", [metrics])
+        trainer.folder.finish(metrics)
+        return metrics, trainer.run_dir

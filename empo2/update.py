@@ -16,6 +16,7 @@ loss with the config's settings bound once. Symbols: T action tokens.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -111,6 +112,12 @@ class PolicyUpdate:
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = self.processes.optimizer(self.trainable, lr=cfg.lr, shard=cfg.shard_optimizer)
         self.loss = HybridLoss(cfg)
+        self.reference = None
+        """The KL term's reference policy when every weight trains: a frozen bf16 copy of the initial model, as
+        TRL's create_reference_model keeps (bf16 halves its memory; full fine-tuning runs in bf16 autocast).
+        LoRA runs need no copy: the base model with the adapter switched off is exactly the initial policy."""
+        if cfg.kl_beta > 0 and not hasattr(model, "disable_adapter"):
+            self.reference = copy.deepcopy(model).requires_grad_(False).eval().to(torch.bfloat16)
         self.reuse_old_logprobs = True
         """Take θ_old's log-probs from the first gradient pass where θ_old = θ and the contexts agree (before the
         iteration's first optimiser step; not off-policy) instead of a separate no-grad pass. Equal to float
@@ -151,8 +158,8 @@ class PolicyUpdate:
                     old = self.logprobs(episode, episode.sampled_with_tips)  # (T_i,) behaviour context
                     tokens_read += read(episode, episode.sampled_with_tips)
                 if cfg.kl_beta > 0:
-                    with self.reference_policy():
-                        ref = self.logprobs(episode, episode.trained_with_tips)  # (T_i,)
+                    with self.reference_policy() as reference:
+                        ref = self.logprobs(episode, episode.trained_with_tips, reference)  # (T_i,)
                     tokens_read += read(episode, episode.trained_with_tips)
                 batches[i] = TokenBatch.of(episode, advantages[i], old, ref).to(self.device)
 
@@ -189,9 +196,10 @@ class PolicyUpdate:
                     sum(r for r, _ in reads.values()) / max(1, sum(t for _, t in reads.values())),
                 **{k: float(np.mean([h[k] for h in history if k in h])) for k in {k for h in history for k in h}}}
 
-    def logprobs(self, episode: Episode, with_tips: bool) -> torch.Tensor:
-        """(T,) float32 log-probs of the episode's action tokens in one context, with the sampling temperature."""
-        return episode_logprobs(self.model, episode, with_tips=with_tips, packed=self.cfg.packed_logprobs,
+    def logprobs(self, episode: Episode, with_tips: bool, model=None) -> torch.Tensor:
+        """(T,) float32 log-probs of the episode's action tokens in one context, with the sampling temperature,
+        under `model` (default: the policy)."""
+        return episode_logprobs(model or self.model, episode, with_tips=with_tips, packed=self.cfg.packed_logprobs,
                                 temperature=self.cfg.temperature).float()
 
     def backward(self, episode: Episode, batch: TokenBatch, normalizer: float) -> torch.Tensor:
@@ -219,8 +227,9 @@ class PolicyUpdate:
 
     @contextlib.contextmanager
     def reference_policy(self):
-        """The initial policy: the base model with LoRA switched off."""
-        if not hasattr(self.model, "disable_adapter"):
-            raise ValueError("kl_beta: a KL penalty needs LoRA (lora_rank > 0) so the base model is the reference")
+        """The initial policy: the base model with LoRA switched off, or the frozen copy of a full fine-tune."""
+        if self.reference is not None:
+            yield self.reference
+            return
         with self.model.disable_adapter():
-            yield
+            yield self.model

@@ -23,7 +23,7 @@ def launch(out: Path, name: str, processes: int, *extra: str) -> None:
 
 
 def rows(out: Path, name: str, file: str) -> list[dict]:
-    return [json.loads(line) for line in (out / "distributed" / name / file).read_text().splitlines()]
+    return [json.loads(line) for line in (out / "ci" / "distributed" / name / file).read_text().splitlines()]
 
 
 def untimed(row: dict) -> dict:
@@ -86,7 +86,7 @@ def test_full_fine_tuning_with_the_optimizer_sharded_takes_the_one_process_steps
     assert max(rank0["optimizer_numbers"], rank1["optimizer_numbers"]) < 0.75 * one["optimizer_numbers"]
     assert all(torch.equal(rank0["weights"][k], rank1["weights"][k]) for k in rank0["weights"])
     assert rows(tmp_path, "one", "episodes.jsonl") == rows(tmp_path, "two", "episodes.jsonl")
-    first = [torch.load(tmp_path / "distributed" / n / "checkpoints" / "iter-00001" / "weights.pt") for n in ("one", "two")]
+    first = [torch.load(tmp_path / "ci" / "distributed" / n / "checkpoints" / "iter-00001" / "weights.pt") for n in ("one", "two")]
     for name, value in first[0].items():
         torch.testing.assert_close(first[1][name], value, atol=1e-7, rtol=0)
     for name, value in one["weights"].items():

@@ -20,7 +20,7 @@ def test_a_run_held_by_another_process_is_waited_for_then_reused(tmp_path):
     experiments.run(cfg, show_progress=False)
     code = ("import json, sys; from empo2 import experiments; from empo2.config import EMPO2Config; "
             "experiments.run(EMPO2Config.from_dict(json.loads(sys.argv[1])), show_progress=False)")
-    with experiments.run_lock(experiments.run_dir(cfg)):
+    with experiments.run_lock(cfg.run_dir):
         other = subprocess.Popen([sys.executable, "-c", code, cfg.to_json()], stdout=subprocess.PIPE, text=True,
                                  cwd=os.getcwd())
         waiting = other.stdout.readline()  # printed once it finds the run held

@@ -17,7 +17,7 @@ def test_ci_profile_run_on_real_scienceworld(tmp_path):
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         trainer.train()
         changed = sum(not torch.equal(v, dict(trainer.model.named_parameters())[n].detach()) for n, v in before.items())
-    run = tmp_path / "ci" / cfg.name
+    run = cfg.run_dir
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [1, 2]
     assert all(math.isfinite(m["update/loss"]) for m in metrics)  # both iterations updated (intrinsic reward)

@@ -40,7 +40,7 @@ def test_training_changes_lora_weights_and_writes_a_complete_results_folder(tmp_
     assert "update/skipped" not in metrics  # the intrinsic reward separates the group's returns
     assert len(changed) == len(before), "every LoRA tensor receives a gradient (lora_B starts at zero)"
     assert math.isfinite(metrics["update/loss"])
-    run = tmp_path / "test" / cfg.name
+    run = cfg.run_dir
     saved = json.loads((run / "config.json").read_text())
     assert saved["config"]["method"] == "empo2" and len(saved["git_commit"]) == 40
     assert {"torch", "transformers", "peft", "numpy"} <= set(saved["packages"])
@@ -65,7 +65,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
         trainer.train()
         resumed_weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
-    straight, resumed = tmp_path / "test" / "straight", tmp_path / "test" / "resumed"
+    straight, resumed = straight_cfg.run_dir, straight_cfg.run_dir.with_name("resumed")
     assert [_without_timings(r) for r in _rows(straight / "metrics.jsonl")] == [
         _without_timings(r) for r in _rows(resumed / "metrics.jsonl")]
     assert _rows(straight / "episodes.jsonl") == _rows(resumed / "episodes.jsonl")
@@ -95,7 +95,7 @@ def test_a_trained_runs_weights_evaluated_again_play_its_final_evaluation(tmp_pa
     trained = _cfg(tmp_path, p=0.0, eval_temperature=0.0, intrinsic_coef=1.0, checkpoint_every=0)
     with Trainer(trained, show_progress=False) as trainer:
         trainer.train()
-    saved = torch.load(tmp_path / "test" / trained.name / "final_weights.pt")
+    saved = torch.load(trained.run_dir / "final_weights.pt")
     assert any(value.abs().sum() > 0 for name, value in saved.items() if "lora_B" in name)
 
     again = _cfg(tmp_path, method="naive", eval_temperature=0.0, init_weights=f"test/{trained.name}",
@@ -104,9 +104,9 @@ def test_a_trained_runs_weights_evaluated_again_play_its_final_evaluation(tmp_pa
         loaded = dict(trainer.model.named_parameters())
         assert all(torch.equal(loaded[name], value) for name, value in saved.items())
         trainer.train()
-    final = [r for r in _rows(tmp_path / "test" / trained.name / "episodes.jsonl")
+    final = [r for r in _rows(trained.run_dir / "episodes.jsonl")
              if r["phase"] == "eval" and r["iteration"] == trained.iterations]
-    replayed = _rows(tmp_path / "test" / "again" / "episodes.jsonl")
+    replayed = _rows(again.run_dir / "episodes.jsonl")
     assert [(r["actions"], r["score"]) for r in replayed] == [(r["actions"], r["score"]) for r in final]
 
 
@@ -114,7 +114,7 @@ def test_init_weights_naming_no_finished_run_is_refused_before_anything_is_writt
     cfg = _cfg(tmp_path, method="naive", init_weights="test/no-such-run")
     with pytest.raises(ValueError, match="init_weights: 'test/no-such-run'"):
         Trainer(cfg, show_progress=False)
-    assert not (tmp_path / "test").exists()
+    assert not (tmp_path / "ci").exists()
 
 
 def test_full_finetuning_keeps_float32_master_weights(tmp_path):
