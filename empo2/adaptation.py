@@ -31,8 +31,11 @@ def load_trained_policy(cfg: EMPO2Config, weights: Path | None):
 
 
 def adapt(cfg: EMPO2Config, weights: Path | None, target_task: str, *, trials: int = 10,
-          episodes_per_trial: int = 2, seed: int = 0) -> pd.DataFrame:
-    """Scores of `trials` successive memory-augmented trials on `target_task`: one row per episode."""
+          episodes_per_trial: int = 2, seed: int = 0, split: str = "test", index: int = 0) -> pd.DataFrame:
+    """Scores of `trials` successive memory-augmented trials on `target_task`: one row per episode.
+
+    Every trial plays the `index`-th variation of the task's `split` ("train" or "test"); tips are
+    written as `cfg.tip_decoding` says and stored after each trial, in one memory for the task."""
     model, tokenizer = load_trained_policy(cfg, weights)
     embedder = Embedder(cfg.embedder)
     memory = TipMemory(dim=embedder.dim, capacity=cfg.memory_capacity,
@@ -42,16 +45,34 @@ def adapt(cfg: EMPO2Config, weights: Path | None, target_task: str, *, trials: i
                                 generator=torch.Generator().manual_seed(seed), memory_scope="task")
     rows = []
     try:
-        variation = envs[0].test_variations[0]
+        variations = list(envs[0].train_variations if split == "train" else envs[0].test_variations)
+        variation = variations[index % len(variations)]
         for trial in range(1, trials + 1):
             episodes = roller.run(envs, [variation] * episodes_per_trial, [MEMORY_ON_POLICY] * episodes_per_trial,
                                   temperature=cfg.temperature, write_tips=True)
             roller.store_tips(episodes)
             for episode in episodes:
-                rows.append({"trial": trial, "score": episode.score, "tip": episode.tip,
+                rows.append({"trial": trial, "variation": int(variation), "score": episode.score, "tip": episode.tip,
+                             "tip_cut": episode.tip_cut,
                              "tips_shown": sum(len(t.tips_shown) for t in episode.turns),
                              "actions": [t.executed_action for t in episode.turns]})
     finally:
         for env in envs:
             env.close()
     return pd.DataFrame(rows)
+
+
+COMMAND_WORDS = frozenset("""a an the to at on in into from of with and or go look pick up put move open close
+    focus connect disconnect activate deactivate use read wait inventory around teleport pour mix eat flush
+    drop dunk door""".split())
+"""Words of an action that name no object: verbs, prepositions, articles (and `door`, in every room)."""
+
+
+def names_its_episode(tip: str, actions: list[str]) -> bool:
+    """Whether `tip` names an action its episode took, or an object one of those actions acted on."""
+    text = " ".join(tip.lower().split())
+    if any(action and action.lower() in text for action in actions):
+        return True
+    objects = {w for action in actions for w in action.lower().split() if w.isalpha() and w not in COMMAND_WORDS}
+    words = set("".join(c if c.isalpha() else " " for c in text).split())
+    return bool(objects & words)

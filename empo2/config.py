@@ -94,7 +94,14 @@ class EMPO2Config:
     response_tokens: int = 32
     """Max new tokens per action (paper: 32 for ScienceWorld)."""
     tip_tokens: int = 100
-    """Max new tokens of a tip (the prompt asks for under 100 words)."""
+    """Max new tokens of a free-text tip (the paper's prompt asks for at most 100 words); a constrained
+    tip ends by itself."""
+    tip_decoding: str = "free"
+    """free: the policy writes its tip as text, asked with the paper's prompt; constrained: it fills a
+    template whose slots take only text from its episode, "Helpful: <an action it took>. Avoid: <an
+    action it took>. Next, try: <an admissible action it saw>." (`prompts.tip_template`), choosing each
+    slot from its own probabilities renormalised over that slot's token trie, as it chooses actions;
+    such a tip always ends by itself."""
     temperature: float = 1.0
     """Sampling temperature of training rollouts (paper: 1.0)."""
     eval_temperature: float = 0.4
@@ -200,7 +207,7 @@ class EMPO2Config:
             "method": METHODS, "profile": PROFILES, "env": ("scienceworld", "webshop", "corridor"),
             "mode_granularity": ("rollout", "iteration"), "memory_scope": ("variation", "task"),
             "delta_mode": ("token", "sequence", "none"), "device": None, "prompt_style": ("chat", "single_turn"),
-            "action_decoding": ("free", "constrained"),
+            "action_decoding": ("free", "constrained"), "tip_decoding": ("free", "constrained"),
             "webshop_goals": ("synthetic", "human"), "rollout_engine": ("transformers", "vllm"),
             "vllm_constraint": ("tokens", "choice"),
         }
@@ -368,7 +375,8 @@ PROFILE_VALUES: dict[str, dict] = {
     "paper": dict(
         model="Qwen/Qwen2.5-7B-Instruct", device="cuda", lora_rank=0, lr=1e-6, shard_optimizer=True,
         group_size=8, groups_per_iteration=16, n_train_variations=5, n_test_variations=20,
-        response_tokens=32, tip_tokens=100, iterations=250, eval_every=10, checkpoint_every=10,
+        # 100 words are about 130 of Qwen2.5's tokens: a budget of 160 lets a tip of the asked length end itself.
+        response_tokens=32, tip_tokens=160, iterations=250, eval_every=10, checkpoint_every=10,
         minibatch_episodes=32,
     ),
 }

@@ -82,23 +82,24 @@ class ActionEncoder:
             raise ValueError("constraint: the state lists no admissible action")
         fixed = [a for a in actions if not a.endswith(FREE_TEXT)]
         templates = [a[: -len(FREE_TEXT)] + "[" for a in actions if a.endswith(FREE_TEXT)]
-        root: dict = {}
-        for ids in self.encode(fixed):
-            node = root
-            for token in ids:
-                node = node.setdefault(token, {})
-            node[_END] = True
-        for ids in self.encode(templates):
-            node = root
-            for token in ids:
-                node = node.setdefault(token, {})
-            node[_FREE] = True
+        root = _trie(self.encode(templates), _FREE, _trie(self.encode(fixed), _END))
         built = ActionConstraint(root, self.end_id, self.closing_ids if templates else frozenset(),
                                  free_text_tokens)
         self._constraints[key] = built
         if len(self._constraints) > self._constraint_cache:
             self._constraints.popitem(last=False)
         return built
+
+
+def _trie(sequences, leaf: int = _END, root: dict | None = None) -> dict:
+    """Add each token sequence to a trie of nested dicts (token -> child), marking where it ends with `leaf`."""
+    root = {} if root is None else root
+    for ids in sequences:
+        node = root
+        for token in ids:
+            node = node.setdefault(token, {})
+        node[leaf] = True
+    return root
 
 
 def action_text(text: str) -> str:
@@ -178,3 +179,64 @@ class Cursor:
         """The only token that may come next, if exactly one may."""
         allowed = self.allowed()
         return allowed[0] if allowed is not None and len(allowed) == 1 else None
+
+
+class TemplateConstraint:
+    """Text written in pieces, each one of its candidate strings, then the end-of-turn token: a constrained tip.
+
+    A literal is a piece with one candidate (its tokens are forced); a slot is a piece whose candidates
+    come from the episode. Each piece is a token trie over its candidates, tokenised on their own, so
+    every path spells one candidate per piece and the policy chooses among a slot's candidates from its
+    own probabilities renormalised over the allowed tokens, as it chooses actions.
+    """
+
+    def __init__(self, encoder: ActionEncoder, pieces: list[list[str]]):
+        if not pieces or not all(pieces):
+            raise ValueError("TemplateConstraint: every piece needs at least one candidate")
+        self.tries = [_trie(encoder.encode(list(dict.fromkeys(piece)))) for piece in pieces]
+        self.end_id = encoder.end_id
+
+    def cursor(self) -> "TemplateCursor":
+        return TemplateCursor(self)
+
+
+class TemplateCursor:
+    """Where one response is in a `TemplateConstraint`: the piece, the node in its trie, whether it is complete.
+    Where a candidate ends, the next piece begins (or, after the last piece, the end-of-turn token)."""
+
+    def __init__(self, template: TemplateConstraint):
+        self.template = template
+        self.piece = 0
+        self.node: dict = template.tries[0]
+        self.done = False
+
+    def _following(self) -> dict | None:
+        """The next piece's trie, None after the last piece."""
+        tries = self.template.tries
+        return tries[self.piece + 1] if self.piece + 1 < len(tries) else None
+
+    def allowed(self) -> tuple[int, ...]:
+        tokens = tuple(t for t in self.node if t >= 0)
+        if _END in self.node:
+            following = self._following()
+            tokens += ((self.template.end_id,) if following is None
+                       else tuple(t for t in following if t >= 0 and t not in self.node))
+        return tokens
+
+    def advance(self, token: int) -> None:
+        if self.done:
+            raise ValueError("TemplateCursor.advance: the text is already complete")
+        if token >= 0 and token in self.node:  # a longer candidate of this piece goes on
+            self.node = self.node[token]
+            return
+        following = self._following()
+        if _END in self.node and following is None and token == self.template.end_id:
+            self.done = True
+        elif _END in self.node and following is not None and token in following:
+            self.piece, self.node = self.piece + 1, following[token]
+        else:
+            raise ValueError(f"TemplateCursor.advance: token {token} does not continue the template")
+
+    def forced(self) -> int | None:
+        allowed = self.allowed()
+        return allowed[0] if len(allowed) == 1 else None

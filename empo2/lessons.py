@@ -401,3 +401,80 @@ def test_scores_by_variation(folders_by_label: dict[str, list[Path]]) -> pd.Data
     table = pd.DataFrame(rows).set_index("runs")
     variations = sorted([c for c in table if c.startswith("variation ")], key=lambda c: int(c.split()[1]))
     return table[["decoding", "steps", "test episodes", "mean", *variations]]
+
+
+# ----------------------------------------------------------------------------- what tips carry
+TIP_STUDY_TASKS = {"power-component": "training variations", "test-conductivity": "out of distribution"}
+"""Where memory-only adaptation is measured: the main task's training variations and notebook 05's new task."""
+
+
+def tip_trials(profile: str, results_dir: str = "results", *, force: bool = False, seeds: tuple[int, ...] = (0, 1, 2),
+               trials: int = 10, episodes_per_trial: int = 4) -> pd.DataFrame:
+    """Memory-only adaptation with free and with constrained tips: the untrained policy (frozen), `trials`
+    trials of `episodes_per_trial` episodes on one variation, its tips stored after each trial. One row per
+    episode, with task, tip decoding and seed (seed k plays the task's k-th training variation of
+    power-component, or the k-th test variation of the new task). Each (task, tips, seed) is cached."""
+    from empo2.adaptation import adapt
+
+    frames = []
+    for task, where in TIP_STUDY_TASKS.items():
+        for tips in ("free", "constrained"):
+            for seed in seeds:
+                cfg = EMPO2Config.from_profile(profile, task=task, seed=seed, tip_decoding=tips,
+                                               results_dir=results_dir, experiment="tips")
+                split = "train" if where == "training variations" else "test"
+                settings = {"trials": trials, "episodes_per_trial": episodes_per_trial, "split": split, "index": seed}
+
+                def compute(cfg=cfg, task=task, split=split, seed=seed):
+                    return adapt(cfg, None, task, trials=trials, episodes_per_trial=episodes_per_trial, seed=seed,
+                                 split=split, index=seed).to_dict("records")
+
+                path = Path(results_dir) / profile / "tips" / f"trials-{task}-{tips}-seed{seed}.json"
+                rows = cached(path, cfg, compute, force, settings)
+                frames.append(pd.DataFrame(rows).assign(task=task, tips=tips, seed=seed))
+    return pd.concat(frames, ignore_index=True)
+
+
+def trial_gain(rows: pd.DataFrame, early: tuple[int, int] = (1, 3), late: tuple[int, int] = (8, 10)) -> pd.DataFrame:
+    """Per task and tip decoding: mean score of trials `late` minus trials `early`, with its two-level 95%
+    interval (seeds, then episodes), the share of tips that name their episode's actions or objects, and
+    the share of tips cut by the budget."""
+    from empo2.adaptation import names_its_episode
+    from empo2.stats import seed_bootstrap_difference
+
+    table = []
+    for (task, tips), chosen in rows.groupby(["task", "tips"], sort=False):
+        per_seed = [g for _, g in chosen.groupby("seed")]
+        pick = lambda g, span: g[g["trial"].between(*span)]["score"].to_numpy(float)  # noqa: E731
+        difference, low, high = seed_bootstrap_difference([pick(g, late) for g in per_seed],
+                                                          [pick(g, early) for g in per_seed])
+        named = [names_its_episode(t, a) for t, a in zip(chosen["tip"], chosen["actions"])]
+        table.append({"task": task, "tips": tips, "seeds": len(per_seed), "episodes": len(chosen),
+                      f"trials {early[0]}-{early[1]}": float(np.mean([pick(g, early).mean() for g in per_seed])),
+                      f"trials {late[0]}-{late[1]}": float(np.mean([pick(g, late).mean() for g in per_seed])),
+                      "late - early": difference, "95% low": low, "95% high": high,
+                      "tips naming their episode": float(np.mean(named)),
+                      "tips cut": float(chosen["tip_cut"].mean()) if "tip_cut" in chosen else float("nan")})
+    return pd.DataFrame(table).set_index(["task", "tips"])
+
+
+def memory_vs_plain(folders: list[Path]) -> dict:
+    """Inside training runs: rollouts sampled with tips (memory on-policy and off-policy) minus plain rollouts
+    of the same iteration (and so the same variation), paired per iteration; the mean difference over the
+    runs' iterations with a 95% interval (seeds, then iterations, resampled)."""
+    from empo2.stats import seed_bootstrap_interval
+
+    per_seed = []
+    for folder in folders:
+        train = read_episodes(folder)
+        train = train[train["phase"] == "train"]
+        differences = []
+        for _, group in train.groupby(["iteration", "variation"]):
+            with_tips = group[group["mode"] != "plain"]["score"]
+            plain = group[group["mode"] == "plain"]["score"]
+            if len(with_tips) and len(plain):
+                differences.append(with_tips.mean() - plain.mean())
+        per_seed.append(np.asarray(differences))
+    low, high = seed_bootstrap_interval(per_seed)
+    return {"memory - plain": float(np.mean([d.mean() for d in per_seed if len(d)])), "95% low": low,
+            "95% high": high, "paired iterations": int(sum(len(d) for d in per_seed)), "runs": len(folders)}

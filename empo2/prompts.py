@@ -22,6 +22,26 @@ TIP_PROMPT = (
 )
 
 
+CONSTRAINED_TIP_PROMPT = (
+    "Thank you. This attempt has ended with score {score:.0f}. Write a tip for your next attempt: "
+    "the action that helped most, the action to avoid, and an action to try next time."
+)
+"""The tip prompt of `tip_decoding="constrained"`: the reply is then `tip_template`'s text."""
+
+
+def tip_template(taken: list[str], seen: list[str]) -> list[list[str]]:
+    """The pieces of a constrained tip: literals and three slots, each slot a choice among episode text.
+
+        Helpful: <an action it took>. Avoid: <an action it took>. Next, try: <an admissible action it saw>.
+
+    `taken`: the actions the episode executed; `seen`: the admissible actions of the states it acted in
+    (those it did not take, or all of them if it took every one).
+    """
+    untried = [a for a in seen if a not in set(taken)] or list(seen)
+    slot = lambda actions: [f" {a}." for a in actions]  # noqa: E731
+    return [["Helpful:"], slot(taken), [" Avoid:"], slot(taken), [" Next, try:"], slot(untried)]
+
+
 def first_turn(task_description: str, observation: str, extra: str = "") -> str:
     """The first user turn: the task, the environment's `extra` lines on how to act, the first observation."""
     return f"Task: {task_description}\n{extra}Observation: {observation.strip()}\nYour action:"

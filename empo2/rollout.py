@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from empo2.chat import ChatFormat, Message, format_tip_block
-from empo2.constrained import ActionEncoder, action_text
+from empo2.constrained import FREE_TEXT, ActionEncoder, TemplateConstraint, action_text
 from empo2.generation import GroupGenerator
 from empo2.loss import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, Mode
-from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, extract_action, memory_content,
-                           single_turn_prompt)
+from empo2.prompts import (CONSTRAINED_TIP_PROMPT, SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, extract_action,
+                           memory_content, single_turn_prompt, tip_template)
 
 
 @dataclass
@@ -75,6 +75,12 @@ class Episode:
     done: bool = False
     truncated: bool = False
     tip: str = ""
+    tip_ids: list[int] = field(default_factory=list)
+    """The tip's sampled token ids (its text is their decoding)."""
+    tip_cut: bool = False
+    """A free-text tip that the `tip_tokens` budget ended before the policy did."""
+    seen_actions: dict[str, None] = field(default_factory=dict)
+    """Constrained tips: the admissible actions of the states it acted in, in order (a constrained tip's slots)."""
     env_restarts: int = 0
 
     @property
@@ -138,7 +144,7 @@ class Roller:
                  generator: torch.Generator | None = None, memory_scope: str = "variation",
                  prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True,
                  action_decoding: str = "free", parallel_envs: bool = True, cache_layout: str = "ragged",
-                 engine=None, repeat_tips: bool = True):
+                 engine=None, repeat_tips: bool = True, tip_decoding: str = "free"):
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer)
@@ -168,6 +174,11 @@ class Roller:
         """A vLLM engine that samples the rollouts (empo2.vllm_engine); None: the policy itself (GroupGenerator)."""
         self.repeat_tips = repeat_tips
         """Show a tip again at later steps that retrieve it (False: once per episode; see EMPO2Config)."""
+        if tip_decoding not in ("free", "constrained"):
+            raise ValueError(f"tip_decoding: {tip_decoding!r} is not allowed; choose free or constrained")
+        self.tip_decoding = tip_decoding
+        self.tip_texts = ActionEncoder(tokenizer) if tip_decoding == "constrained" else None
+        """Tokenises the pieces of constrained tips; None for free-text tips."""
         self.timer = RolloutTimer()
         self.last_generator: GroupGenerator | None = None
 
@@ -180,7 +191,7 @@ class Roller:
                    memory_scope=memory_scope or cfg.memory_scope, prompt_style=cfg.prompt_style,
                    history_turns=cfg.history_turns, think_first=cfg.think_first, action_decoding=cfg.action_decoding,
                    engine=_vllm_engine(cfg, tokenizer) if cfg.rollout_engine == "vllm" else None,
-                   repeat_tips=cfg.repeat_tips)
+                   repeat_tips=cfg.repeat_tips, tip_decoding=cfg.tip_decoding)
 
     def scope(self, task: str, variation: int) -> str:
         return f"{task}:{variation}" if self.memory_scope == "variation" else task
@@ -255,6 +266,10 @@ class Roller:
             step += 1
             rendered = {i: self.chat.render(episodes[i].messages, add_generation_prompt=True) for i in active}
             start = time.perf_counter()
+            if self.tip_texts is not None:
+                for i in active:
+                    episodes[i].seen_actions.update(
+                        dict.fromkeys(a for a in infos[i].get("valid_actions", []) if not a.endswith(FREE_TEXT)))
             constraints = None
             if self.actions is not None:
                 constraints = {i: self.actions.constraint(infos[i]["valid_actions"], self.response_tokens)
@@ -361,14 +376,22 @@ class Roller:
         return tips
 
     def _write_tips(self, episodes: list[Episode], generator: GroupGenerator) -> None:
-        """Ask the policy for one tip per episode, in one batched call over the group."""
-        prompts = {}
+        """Ask the policy for one tip per episode, in one batched call over the group: free text, or the
+        constrained template whose slots hold text from the episode (`prompts.tip_template`)."""
+        prompts, constraints = {}, {}
         for i, episode in enumerate(episodes):
-            episode.messages.append(Message("user", TIP_PROMPT.format(score=episode.score)))
+            prompt = TIP_PROMPT if self.tip_texts is None else CONSTRAINED_TIP_PROMPT
+            episode.messages.append(Message("user", prompt.format(score=episode.score)))
             prompts[i] = self.chat.render(episode.messages, add_generation_prompt=True).ids()
-        responses = generator.generate(prompts, self.tip_tokens)
+            taken = [t.executed_action for t in episode.turns if t.executed_action]
+            if self.tip_texts is not None and taken:
+                constraints[i] = TemplateConstraint(self.tip_texts,
+                                                    tip_template(list(dict.fromkeys(taken)), list(episode.seen_actions)))
+        responses = generator.generate(prompts, self.tip_tokens, constraints)
         for i, episode in enumerate(episodes):
-            episode.tip = self.tokenizer.decode(responses[i].ids, skip_special_tokens=True).strip()
+            episode.tip_ids = list(responses[i].ids)
+            episode.tip = self.tokenizer.decode(episode.tip_ids, skip_special_tokens=True).strip()
+            episode.tip_cut = i not in constraints and episode.tip_ids[-1:] != [self.tokenizer.eos_token_id]
             episode.messages.pop()  # the tip prompt is not part of the trained conversation
 
     def tip_entries(self, episodes: list[Episode]) -> tuple[np.ndarray, list[str], list[float], list[str]] | None:

@@ -78,6 +78,7 @@ def episode_row(episode, iteration: int, phase: str, advantage: float | None = N
         "actions": [turn.executed_action for turn in episode.turns],
         "raw_actions": [turn.raw_action for turn in episode.turns],
         "tips_shown": sum(len(turn.tips_shown) for turn in episode.turns), "tip": episode.tip,
+        "tip_ids": episode.tip_ids, "tip_cut": episode.tip_cut,
     }
 
 

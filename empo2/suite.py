@@ -106,9 +106,16 @@ def webshop_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config
     return runs
 
 
+def constrained_tips(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
+    """The main comparison's EMPO² runs again with constrained tips (issue: what tips carry)."""
+    return [_cfg(profile, results_dir, "tips", method="empo2", task=MAIN_TASK, seed=seed, tip_decoding="constrained",
+                 run_name=f"empo2-constrained-seed{seed}") for seed in SEEDS[profile]]
+
+
 GROUPS = {
     "main": main_comparison, "baselines": baselines, "temperature": training_temperature, "naive18": naive_all_tasks,
     "ablation": mode_ablation, "sweep": pq_sweep, "intrinsic": intrinsic_sweep, "webshop": webshop_runs,
+    "tips": constrained_tips,
 }
 
 

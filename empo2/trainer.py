@@ -76,6 +76,7 @@ class Trainer:
         self.folder = RunFolder(folder or cfg.run_dir, writes=self.processes.is_main)
         self.run_dir = self.folder.path
         checkpoint = self.folder.claim(cfg, resume=resume, overwrite=overwrite)  # may refuse: before anything slow
+        self.processes.wait()  # every process has read the folder before the first one writes into it
         self.iteration = 0
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -214,7 +215,8 @@ class Trainer:
         rows = [row for g in sorted(played) for row in played[g]["rows"]]
         self.folder.append("episodes.jsonl", rows)
         self.folder.append("tips.jsonl", [{"iteration": self.iteration, "variation": r["variation"], "mode": r["mode"],
-                                           "score": r["score"], "tip": r["tip"]} for r in rows if r["tip"]])
+                                           "score": r["score"], "tip": r["tip"], "tip_ids": r["tip_ids"],
+                                           "tip_cut": r["tip_cut"]} for r in rows if r["tip"]])
         scores = np.array([r["score"] for r in rows])
         metrics = {
             "iteration": self.iteration,

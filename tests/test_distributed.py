@@ -47,7 +47,7 @@ def test_two_processes_play_the_same_episodes_and_take_the_same_steps(runs):
         for key in ("update/loss", "update/tokens", "update/ratio_mean", "update/grad_norm", "memory/size"):
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), key
     # One optimiser step from equal weights: the summed gradient is the one-process gradient.
-    first = [torch.load(runs / "distributed" / n / "checkpoints" / "iter-00001" / "weights.pt") for n in ("one", "two")]
+    first = [torch.load(runs / "ci" / "distributed" / n / "checkpoints" / "iter-00001" / "weights.pt") for n in ("one", "two")]
     for name, value in first[0].items():
         torch.testing.assert_close(first[1][name], value, atol=1e-6, rtol=0)
     # After the second step Adam has normalised rounding-level gradient entries: equal within 2 lr.
@@ -62,7 +62,7 @@ def test_every_process_holds_the_same_weights_and_memory(runs):
     assert all(torch.equal(rank0["weights"][k], rank1["weights"][k]) for k in rank0["weights"])
     assert one["memory"] and one["memory"] == rank0["memory"] == rank1["memory"]
     assert one["novelty_states"] == rank0["novelty_states"] == rank1["novelty_states"] > 0
-    assert sorted(p.name for p in (runs / "distributed").iterdir()) == ["one", "two"]
+    assert sorted(p.name for p in (runs / "ci" / "distributed").iterdir()) == ["one", "two"]
 
 
 def test_two_processes_resume_exactly(runs):

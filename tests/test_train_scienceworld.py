@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import torch
 
@@ -12,7 +13,7 @@ from empo2.trainer import Trainer
 def test_ci_profile_run_on_real_scienceworld(tmp_path):
     # p = 1 and q = 0.5 so that every mode's path (tips shown, off-policy scoring) runs on real data.
     cfg = EMPO2Config.from_profile("ci", task="power-component", results_dir=str(tmp_path), experiment="ci",
-                                   p=1.0, q=0.5, iterations=2, eval_every=2, checkpoint_every=2)
+                                   p=1.0, q=0.5, tip_decoding="constrained", iterations=2, eval_every=2, checkpoint_every=2)
     with Trainer(cfg, show_progress=False) as trainer:
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         trainer.train()
@@ -27,6 +28,10 @@ def test_ci_profile_run_on_real_scienceworld(tmp_path):
     train = [e for e in episodes if e["phase"] == "train"]
     assert len(train) == 2 * cfg.group_size and all(e["mode"] != "plain" for e in train)
     assert all(e["actions"] and e["tip"] for e in train)
+    # Constrained tips: the template, slots from the episode, never cut.
+    for e in train:
+        match = re.fullmatch(r"Helpful: (.+)\. Avoid: (.+)\. Next, try: (.+)\.", e["tip"])
+        assert match and match[1] in e["actions"] and match[2] in e["actions"] and not e["tip_cut"], e["tip"]
     assert metrics[-1]["memory/size"] > 0
     assert any(e["tips_shown"] > 0 for e in train if e["iteration"] == 2), "iteration 2 retrieves iteration 1's tips"
     assert (run / "checkpoints" / "latest").exists()
