@@ -406,6 +406,10 @@ def test_scores_by_variation(folders_by_label: dict[str, list[Path]]) -> pd.Data
 # ----------------------------------------------------------------------------- what tips carry
 TIP_STUDY_TASKS = {"power-component": "training variations", "test-conductivity": "out of distribution"}
 """Where memory-only adaptation is measured: the main task's training variations and notebook 05's new task."""
+TIP_STUDY_BUDGET = {"ci": dict(seeds=(0,), trials=3, episodes_per_trial=2),
+                    "laptop": dict(seeds=(0, 1, 2), trials=10, episodes_per_trial=4),
+                    "paper": dict(seeds=(0, 1, 2), trials=10, episodes_per_trial=8)}
+"""`tip_trials`' budget per profile: the paper's 10 trials where a laptop affords them."""
 
 
 def tip_trials(profile: str, results_dir: str = "results", *, force: bool = False, seeds: tuple[int, ...] = (0, 1, 2),
@@ -435,13 +439,15 @@ def tip_trials(profile: str, results_dir: str = "results", *, force: bool = Fals
     return pd.concat(frames, ignore_index=True)
 
 
-def trial_gain(rows: pd.DataFrame, early: tuple[int, int] = (1, 3), late: tuple[int, int] = (8, 10)) -> pd.DataFrame:
-    """Per task and tip decoding: mean score of trials `late` minus trials `early`, with its two-level 95%
-    interval (seeds, then episodes), the share of tips that name their episode's actions or objects, and
-    the share of tips cut by the budget."""
+def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per task and tip decoding: mean score of the last three trials minus the first three (the last and
+    the first of fewer than six), with its two-level 95% interval (seeds, then episodes), the share of tips
+    that name their episode's actions or objects, and the share of tips cut by the budget."""
     from empo2.adaptation import names_its_episode
     from empo2.stats import seed_bootstrap_difference
 
+    n, span = int(rows["trial"].max()), 3 if rows["trial"].max() >= 6 else 1
+    early, late = (1, span), (n - span + 1, n)
     table = []
     for (task, tips), chosen in rows.groupby(["task", "tips"], sort=False):
         per_seed = [g for _, g in chosen.groupby("seed")]
