@@ -68,6 +68,11 @@ class EMPO2Config:
     """WebShop attributes/instructions (items_ins_v2_1000.json or items_ins_v2.json); empty: the shipped one."""
     webshop_goals: str = "synthetic"
     """WebShop goals: synthetic (built from the instructions file) or human (items_human_ins.json)."""
+    webshop_query: str = "free"
+    """WebShop's search query: free (any text after `search[` until `]`; the prompt names the form
+    `search[your query]`), or words (with constrained action decoding: only words of the goal
+    instruction, which the policy picks one at a time from its renormalised probabilities, then `]`;
+    the prompt shows no placeholder to copy)."""
     webshop_human_goals: str = ""
     """WebShop human goals file (items_human_ins.json) for webshop_goals=human; empty: data/webshop's, if any."""
     # --- models -------------------------------------------------------------------
@@ -208,7 +213,7 @@ class EMPO2Config:
             "mode_granularity": ("rollout", "iteration"), "memory_scope": ("variation", "task"),
             "delta_mode": ("token", "sequence", "none"), "device": None, "prompt_style": ("chat", "single_turn"),
             "action_decoding": ("free", "constrained"), "tip_decoding": ("free", "constrained"),
-            "webshop_goals": ("synthetic", "human"), "rollout_engine": ("transformers", "vllm"),
+            "webshop_goals": ("synthetic", "human"), "webshop_query": ("free", "words"), "rollout_engine": ("transformers", "vllm"),
             "vllm_constraint": ("tokens", "choice"),
         }
         for name, allowed in choices.items():
@@ -220,6 +225,8 @@ class EMPO2Config:
 
             if self.task not in TASK_NAMES:
                 raise ValueError(f"task: {self.task!r} is not a ScienceWorld task; choose one of {', '.join(TASK_NAMES)}")
+        if self.webshop_query == "words" and self.action_decoding != "constrained":
+            raise ValueError("webshop_query: 'words' needs action_decoding 'constrained' (free text is not constrained)")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device: {self.device!r} is not allowed; use cpu or cuda[:N]")
         if self.rollout_engine == "vllm" and not self.device.startswith("cuda"):

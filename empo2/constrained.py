@@ -39,6 +39,7 @@ FREE_TEXT = "[...]"
 
 _END = -1  # trie key: the action ends here (the end-of-turn token follows)
 _FREE = -2  # trie key: free text follows
+_CLOSE = -3  # trie key (word loops): the argument is closed here
 
 
 class ActionEncoder:
@@ -71,9 +72,19 @@ class ActionEncoder:
             self._closing_ids = frozenset(i for i, token in enumerate(vocab) if token and "]" in token)
         return self._closing_ids
 
-    def constraint(self, actions: list[str], free_text_tokens: int = 32) -> "ActionConstraint":
-        """The trie over `actions` (cached: the episodes of a group often share a state)."""
-        key = (free_text_tokens, *actions)
+    def word_loop(self, words: list[str]) -> WordLoop:
+        words = list(dict.fromkeys(w for w in words if w and "]" not in w))
+        [close] = self.encode(["]"])
+        if len(close) != 1:
+            raise ValueError("word_loop: this tokenizer spells ']' with several tokens")
+        later = _trie([close], _CLOSE, _trie(self.encode([" " + w for w in words])))
+        return WordLoop(_trie(self.encode(words)), later)
+
+    def constraint(self, actions: list[str], free_text_tokens: int = 32,
+                   words: list[str] | None = None) -> "ActionConstraint":
+        """The trie over `actions` (cached: the episodes of a group often share a state). With `words`, a
+        template's argument is not free text but a sequence of those words, chosen one at a time (`WordLoop`)."""
+        key = (free_text_tokens, tuple(words or ()), *actions)
         cached = self._constraints.get(key)
         if cached is not None:
             self._constraints.move_to_end(key)
@@ -84,11 +95,22 @@ class ActionEncoder:
         templates = [a[: -len(FREE_TEXT)] + "[" for a in actions if a.endswith(FREE_TEXT)]
         root = _trie(self.encode(templates), _FREE, _trie(self.encode(fixed), _END))
         built = ActionConstraint(root, self.end_id, self.closing_ids if templates else frozenset(),
-                                 free_text_tokens)
+                                 free_text_tokens, self.word_loop(words) if words and templates else None)
         self._constraints[key] = built
         if len(self._constraints) > self._constraint_cache:
             self._constraints.popitem(last=False)
         return built
+
+
+class WordLoop:
+    """A template argument made of words from a list, then `]`: the first word as written, each later one
+    after a space, and `]` only after at least one word (WebShop's query from the goal's words)."""
+
+    def __init__(self, first: dict, later: dict):
+        self.first = first
+        """Trie of the words, each ending `_END`."""
+        self.later = later
+        """Trie of " " + each word (`_END`) and of "]" (`_CLOSE`)."""
 
 
 def _trie(sequences, leaf: int = _END, root: dict | None = None) -> dict:
@@ -114,11 +136,14 @@ def action_text(text: str) -> str:
 class ActionConstraint:
     """The admissible actions of one state as a token trie; `cursor()` walks one response through it."""
 
-    def __init__(self, root: dict, end_id: int, closing_ids: frozenset[int], free_text_tokens: int):
+    def __init__(self, root: dict, end_id: int, closing_ids: frozenset[int], free_text_tokens: int,
+                 words: WordLoop | None = None):
         self.root = root
         self.end_id = end_id
         self.closing_ids = closing_ids
         self.free_text_tokens = free_text_tokens
+        self.words = words
+        """A template's argument as a loop over words (None: free text)."""
 
     def cursor(self) -> "Cursor":
         return Cursor(self)
@@ -147,10 +172,30 @@ class Cursor:
         self.node: dict | None = constraint.root
         self.free_tokens = 0
         """Tokens written so far inside a free-text argument (node is None there)."""
+        self.word: dict | None = None
+        """Inside a word-loop argument: the node in the loop's tries (None elsewhere)."""
         self.done = False
+
+    def _entering_words(self) -> bool:
+        return self.constraint.words is not None and self.node is not None and _FREE in self.node
+
+    def _word_choices(self) -> dict:
+        """The tokens that may come next inside a word-loop argument -> the node each leads to."""
+        loop = self.constraint.words
+        if _END not in self.word:  # inside a word (or before the first)
+            return {t: child for t, child in self.word.items() if t >= 0}
+        choices = {t: child for t, child in loop.later.items() if t >= 0}  # a space and a word, or "]"
+        if self.free_tokens >= self.constraint.free_text_tokens:  # the budget is spent: only "]"
+            choices = {t: child for t, child in choices.items() if _CLOSE in child}
+        return {**choices, **{t: child for t, child in self.word.items() if t >= 0}}
 
     def allowed(self) -> tuple[int, ...] | None:
         """Token ids that may come next; None means any token (free text)."""
+        if self._entering_words():
+            self.word = self.constraint.words.first
+            self.node = None
+        if self.word is not None:
+            return tuple(self._word_choices())
         if self.node is None or _FREE in self.node:
             return None
         tokens = tuple(t for t in self.node if t >= 0)
@@ -162,6 +207,16 @@ class Cursor:
         """Append `token`; `done` becomes True when it completes the action."""
         if self.done:
             raise ValueError("Cursor.advance: the action is already complete")
+        if self._entering_words():
+            self.word, self.node = self.constraint.words.first, None
+        if self.word is not None:
+            choices = self._word_choices()
+            if token not in choices:
+                raise ValueError(f"Cursor.advance: token {token} does not continue a query of the allowed words")
+            self.word = choices[token]
+            self.free_tokens += 1
+            self.done = _CLOSE in self.word
+            return
         if self.node is None or _FREE in self.node:
             self.node = None  # inside free text
             self.free_tokens += 1

@@ -272,7 +272,8 @@ class Roller:
                         dict.fromkeys(a for a in infos[i].get("valid_actions", []) if not a.endswith(FREE_TEXT)))
             constraints = None
             if self.actions is not None:
-                constraints = {i: self.actions.constraint(infos[i]["valid_actions"], self.response_tokens)
+                constraints = {i: self.actions.constraint(infos[i]["valid_actions"], self.response_tokens,
+                                                          infos[i].get("query_words"))
                                for i in active}
             responses = generator.generate({i: r.ids() for i, r in rendered.items()}, self.response_tokens,
                                            constraints)

@@ -130,6 +130,12 @@ _SPACES = re.compile(r"\s+")
 # --------------------------------------------------------------------------- data
 
 
+def instruction_words(text: str) -> list[str]:
+    """The distinct words of a goal instruction, lower-case, without the punctuation around them."""
+    words = (w.strip(".,;:!?()[]\"'") for w in text.lower().split())
+    return list(dict.fromkeys(w for w in words if w))
+
+
 def _read_json_or_jsonl(path: Path) -> Any:
     if not path.exists():
         raise FileNotFoundError(f"webshop: data file {path} does not exist")
@@ -459,6 +465,7 @@ class WebShopEnv:
         num_products: int | None = None,
         show_attrs: bool = False,
         snap_actions: bool = False,
+        query_words: bool = False,
     ):
         if goal_source not in ("synthetic", "human"):
             raise ValueError(f"webshop: goal_source must be 'synthetic' or 'human', not {goal_source!r}")
@@ -468,6 +475,9 @@ class WebShopEnv:
         self.goal_source = goal_source
         self.seed = seed
         self.show_attrs = show_attrs
+        self.query_words = query_words
+        """List the goal instruction's words on the search page (`info["query_words"]`), the only words a
+        constrained query may use, and describe the search action without a placeholder to copy."""
         self.snap_actions = snap_actions
 
         products_file = _default_path(products_path, DEFAULT_PRODUCTS)
@@ -616,6 +626,8 @@ class WebShopEnv:
             "state_text": self._state_text,
             "goal": copy.deepcopy(self._goal),
             "page": self._page,
+            **({"query_words": instruction_words(self._goal["instruction_text"])}
+               if self.query_words and self._page == "search" and not self._done else {}),
             **extra,
         }
 
@@ -633,14 +645,16 @@ class WebShopEnv:
             ("webshop_human_goals", "human_goals_path")) if getattr(cfg, field)}
         # Small policies rarely write exact click[...] syntax; snap unparsable text to the
         # most similar admissible click, as free text is snapped in ScienceWorld.
-        return cls(snap_actions=True, goal_source=cfg.webshop_goals, **({"max_steps": cfg.max_steps} if cfg.max_steps
-                                                                        else {}), **paths)
+        return cls(snap_actions=True, goal_source=cfg.webshop_goals, query_words=cfg.webshop_query == "words",
+                   **({"max_steps": cfg.max_steps} if cfg.max_steps else {}), **paths)
 
     def first_turn_text(self, task_description: str, observation: str, info: dict) -> str:
         """The goal, the two action forms, the page, and the page's admissible actions."""
+        search = ("search[...] with words of the task as the query" if self.query_words
+                  else "search[your query]")
         return (
             f"Task: {task_description}\n"
-            "Actions: search[your query] on the search page, click[button] for a button shown in brackets.\n"
+            f"Actions: {search} on the search page, click[button] for a button shown in brackets.\n"
             f"Observation: {observation.strip()}\n"
             f"Admissible actions: {', '.join(info.get('valid_actions', []))}\n"
             "Your action:"
