@@ -98,6 +98,10 @@ class RunExists(RunError, FileExistsError):
     """A run folder holds records that the command was not asked to resume or replace."""
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def write_atomic(path: Path, write) -> None:
     """Call write(binary file) on a temporary file next to `path`, then move it onto `path`: a process killed
     meanwhile leaves the old file (or none), never half of the new one."""
@@ -108,6 +112,7 @@ def write_atomic(path: Path, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # what open() would have given (mkstemp makes it private)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

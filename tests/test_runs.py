@@ -36,3 +36,12 @@ def test_rows_after_the_checkpoint_and_a_torn_line_are_dropped_on_resume(tmp_pat
     assert rows == [{"iteration": 1}, {"iteration": 2}]
     folder.start({"config": {}}, fresh=True)  # a fresh start forgets every row
     assert not (folder.path / "metrics.jsonl").exists()
+
+
+def test_files_written_whole_get_the_permissions_open_would_give(tmp_path):
+    from empo2.runs import write_text_atomic
+
+    write_text_atomic(tmp_path / "summary.json", "{}")
+    (tmp_path / "plain.json").write_text("{}")
+    assert (tmp_path / "summary.json").stat().st_mode == (tmp_path / "plain.json").stat().st_mode
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left behind
