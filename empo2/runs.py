@@ -132,18 +132,22 @@ def save_torch_atomic(value, path: Path) -> None:
     write_atomic(path, lambda f: torch.save(value, f))
 
 
+_WHERE = ("results_dir", "experiment", "run_name")
+
+
 def config_differences(saved: dict, cfg) -> list[str]:
     """The config fields in which `saved` (a config.json's "config") and `cfg` describe different runs.
 
     A field added to EMPO2Config after the run was saved counts as equal when `cfg` keeps its default:
-    the saved run behaved exactly like that default. `results_dir` is ignored: the same run may be read
-    from another checkout location.
+    the saved run behaved exactly like that default. Where the run lives (`results_dir`, `experiment`,
+    `run_name`) is ignored: the file was found where `cfg` says, and the same run may be read from
+    another checkout or was saved before a folder's default name changed.
     """
     from dataclasses import MISSING, fields
 
     defaults = {f.name: json.loads(json.dumps(f.default)) for f in fields(cfg) if f.default is not MISSING}
     mine = json.loads(json.dumps(cfg.to_dict()))
-    differ = [key for key, value in mine.items() if key != "results_dir"
+    differ = [key for key, value in mine.items() if key not in _WHERE
               and saved.get(key, defaults.get(key, MISSING)) != value]
     return differ + sorted(set(saved) - set(mine))
 
