@@ -338,14 +338,14 @@ def evaluate_run(cfg: EMPO2Config, *, show_progress: bool = True) -> tuple[dict,
     source = RunFolder(cfg.run_dir, writes=False)
     if not (source.path / "config.json").exists():
         raise RunError(f"no run at {source.path} to evaluate; train it first (python -m empo2 train "
-                                "with the same options)")
+                       "with the same options)")
     checkpoint, final = source.latest_checkpoint(), source.path / FINAL_WEIGHTS
     weights = None
     if cfg.trains_weights:
         weights = checkpoint / "weights.pt" if checkpoint is not None else final if final.exists() else None
         if weights is None:
             raise RunError(f"{source.path} has neither a checkpoint nor {FINAL_WEIGHTS}: no trained weights "
-                                    "to evaluate")
+                           "to evaluate")
     if checkpoint is not None:
         iteration = torch.load(checkpoint / "state.pt", weights_only=False)["iteration"]
     else:
