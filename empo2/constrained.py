@@ -176,9 +176,6 @@ class Cursor:
         """Inside a word-loop argument: the node in the loop's tries (None elsewhere)."""
         self.done = False
 
-    def _entering_words(self) -> bool:
-        return self.constraint.words is not None and self.node is not None and _FREE in self.node
-
     def _word_choices(self) -> dict:
         """The tokens that may come next inside a word-loop argument -> the node each leads to."""
         loop = self.constraint.words
@@ -191,9 +188,6 @@ class Cursor:
 
     def allowed(self) -> tuple[int, ...] | None:
         """Token ids that may come next; None means any token (free text)."""
-        if self._entering_words():
-            self.word = self.constraint.words.first
-            self.node = None
         if self.word is not None:
             return tuple(self._word_choices())
         if self.node is None or _FREE in self.node:
@@ -207,8 +201,6 @@ class Cursor:
         """Append `token`; `done` becomes True when it completes the action."""
         if self.done:
             raise ValueError("Cursor.advance: the action is already complete")
-        if self._entering_words():
-            self.word, self.node = self.constraint.words.first, None
         if self.word is not None:
             choices = self._word_choices()
             if token not in choices:
@@ -229,6 +221,8 @@ class Cursor:
         if token not in self.node or token < 0:
             raise ValueError(f"Cursor.advance: token {token} does not continue an admissible action")
         self.node = self.node[token]
+        if self.constraint.words is not None and _FREE in self.node:  # a template's argument: its word loop
+            self.word, self.node = self.constraint.words.first, None
 
     def forced(self) -> int | None:
         """The only token that may come next, if exactly one may."""
