@@ -49,7 +49,7 @@ def run_row(folder: Path) -> dict:
     low, high = bootstrap_interval(scores) if len(scores) else (np.nan, np.nan)
     return {
         "experiment": cfg["experiment"], "run": folder.name, "method": cfg["method"],
-        "task": cfg["task"] if cfg["env"] == "scienceworld" else cfg["env"], "seed": cfg["seed"],
+        "task": cfg["task"] if cfg["env"] in ("scienceworld", "textworld_express") else cfg["env"], "seed": cfg["seed"],
         "decoding": cfg.get("action_decoding", "free"),
         "budget": budget(cfg), "finished": (folder / "summary.json").exists(),
         "minutes": seconds / 60 if seconds else np.nan,

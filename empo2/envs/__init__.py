@@ -1,17 +1,17 @@
-"""Text environments: ScienceWorld (the paper's main benchmark), WebShop, and a toy corridor."""
+"""Text environments: ScienceWorld (the paper's main benchmark), WebShop, TextWorldExpress (a fast text game), and a toy corridor."""
 
 from __future__ import annotations
 
 from empo2.envs.base import StepResult, TextEnv, snap_action
 
-ENV_NAMES = ("scienceworld", "webshop", "corridor")
+ENV_NAMES = ("scienceworld", "webshop", "textworld_express", "corridor")
 
 
 def make_env(name: str, task: str | None = None, **kwargs) -> TextEnv:
     """Build one environment instance by name.
 
-    `task` is the ScienceWorld task name (e.g. "power-component"); WebShop and the
-    corridor have a single task and ignore it. Extra keyword arguments go to the
+    `task` is the ScienceWorld task name (e.g. "power-component") or the TextWorldExpress game
+    (e.g. "coin"); WebShop and the corridor have a single task and ignore it. Extra keyword arguments go to the
     environment's constructor.
     """
     if name == "scienceworld":
@@ -22,6 +22,10 @@ def make_env(name: str, task: str | None = None, **kwargs) -> TextEnv:
         from empo2.envs.webshop import WebShopEnv
 
         return WebShopEnv(**kwargs)
+    if name == "textworld_express":
+        from empo2.envs.textworld_express import TextWorldExpressGame
+
+        return TextWorldExpressGame(task or "coin", **kwargs)
     if name == "corridor":
         from empo2.envs.toy import CorridorEnv
 
@@ -40,6 +44,8 @@ def env_from_config(cfg, task: str | None = None) -> TextEnv:
         from empo2.envs.scienceworld import ScienceWorldTask as environment
     elif cfg.env == "webshop":
         from empo2.envs.webshop import WebShopEnv as environment
+    elif cfg.env == "textworld_express":
+        from empo2.envs.textworld_express import TextWorldExpressGame as environment
     else:
         from empo2.envs.toy import CorridorEnv as environment
     return environment.from_config(cfg, task or cfg.task)

@@ -15,7 +15,7 @@ py4j, bound to one task. It follows the paper's protocol:
 * the episode ends when ScienceWorld says the task is completed or failed (a wrong
   `focus on` gives -100), or after `max_steps` steps (`truncated=True`).
 
-Robustness, because long RL runs start thousands of episodes:
+Robustness, because long RL runs start thousands of episodes (`empo2.envs.jvm`, shared with TextWorldExpress):
 
 * the JVM heap is capped (`jvm_heap`, default 1g: RSS about 400 MiB instead of a
   quarter of the machine's RAM), so a rollout group of 8 simulators fits a small box;
@@ -38,23 +38,16 @@ An instance is not thread-safe; separate instances may be used from separate thr
 
 from __future__ import annotations
 
-import atexit
-import itertools
 import logging
-import os
-import re
-import signal
-import subprocess
-import threading
 import time
-import weakref
 from typing import Any, Callable
 
 import scienceworld.scienceworld as _sw_module
-from py4j.protocol import Py4JError
 from scienceworld import ScienceWorldEnv
 
+from empo2.envs import jvm
 from empo2.envs.base import StepResult, snap_action, words, jaccard
+from empo2.envs.jvm import SimulatorError, SimulatorTimeout, running_jvm_pids  # noqa: F401 (re-exported)
 from empo2.prompts import first_turn, next_turn
 
 logger = logging.getLogger(__name__)
@@ -116,7 +109,6 @@ FALLBACK_MAX_STEPS = 30
 META_ACTIONS = frozenset({"reset task", "task", "reset", "quit", "exit"})
 
 _AMBIGUOUS_PREFIX = "Ambiguous request"
-_RESTART_ATTEMPTS = 3
 _STEP_LIMIT_OFF = 10**9  # ScienceWorldEnv's own step limit, disabled: we count steps.
 
 
@@ -141,161 +133,7 @@ def default_max_steps(task: str) -> int:
 
 # --------------------------------------------------------------------------- JVM
 
-
-class SimulatorError(RuntimeError):
-    """The simulator failed in a way a restart is meant to fix (dead JVM, timeout)."""
-
-
-class SimulatorTimeout(SimulatorError, TimeoutError):
-    """A simulator call ran past its time limit."""
-
-
-# Options for the JVM launched by the current thread. `ScienceWorldEnv.__init__`
-# has no way to pass JVM options: it calls py4j's `launch_gateway` (a module
-# global of scienceworld.scienceworld) with fixed arguments. We replace that global
-# once, by a pass-through that appends the options this thread asked for to
-# `javaopts` (py4j's supported parameter for them) and records the process. Other
-# callers of ScienceWorldEnv (no options set in their thread) get the original
-# behaviour unchanged. A thread-local, not a temporary swap of the global, so that
-# simulators may be started from several threads at once.
-_launch_opts = threading.local()
-_original_launch_gateway = _sw_module.launch_gateway
-
-
-def _launch_gateway_with_options(*args, **kwargs):
-    extra = getattr(_launch_opts, "javaopts", None)
-    if not extra:
-        return _original_launch_gateway(*args, **kwargs)
-    kwargs["javaopts"] = list(kwargs.get("javaopts") or []) + list(extra)
-    result = _original_launch_gateway(*args, **kwargs)
-    proc = result[1] if isinstance(result, tuple) else None
-    _launch_opts.proc = proc
-    return result
-
-
-if getattr(_sw_module.launch_gateway, "__name__", "") != _launch_gateway_with_options.__name__:
-    _sw_module.launch_gateway = _launch_gateway_with_options
-
-# Every JVM we launch carries this system property, so the processes of this Python
-# process can be found by command line (also before py4j hands back the handle).
-_OWNER_PROPERTY = "-Dempo2.scienceworld.owner"
-_launch_counter = itertools.count()
-
-
-def _owner_token() -> str:
-    return f"{_OWNER_PROPERTY}={os.getpid()}"
-
-
-def _process_argvs():
-    """(pid, argv as bytes) of every readable process."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    yield int(entry), f.read().split(b"\0")
-            except OSError:
-                continue
-
-
-def _pids_with_cmdline_arg(arg: str) -> list[int]:
-    """Live processes that have `arg` as one of their command-line arguments."""
-    needle = arg.encode()
-    return [pid for pid, argv in _process_argvs() if needle in argv]
-
-
-def running_jvm_pids() -> list[int]:
-    """PIDs of the live JVMs that this Python process started through this module."""
-    prefix = f"{_owner_token()}.".encode()
-    return [pid for pid, argv in _process_argvs() if any(a.startswith(prefix) for a in argv)]
-
-
-# py4j logs every failed connection attempt at ERROR level with a traceback. After
-# one of our JVMs died (killed, crashed, timed out) py4j's proxies of Java objects
-# still try to tell that JVM they were garbage-collected, which gives a dozen such
-# tracebacks per restart. The wrapper handles and logs the event itself (WARNING
-# "restarting the simulator"), so this filter demotes those records to DEBUG, and
-# only for ports of JVMs this module started that are known to be dead.
-_PORT_PROCS: "dict[int, subprocess.Popen]" = {}
-_CONNECT_ERROR = re.compile(r"trying to connect to the Java server \([^:]*:(\d+)\)")
-
-
-class _DeadJvmLogFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
-            return True
-        match = _CONNECT_ERROR.search(record.getMessage())
-        proc = _PORT_PROCS.get(int(match.group(1))) if match else None
-        if proc is not None and proc.poll() is not None:
-            logger.debug("py4j (JVM %d is dead): %s", proc.pid, record.getMessage())
-            return False
-        return True
-
-
-logging.getLogger("py4j.java_gateway").addFilter(_DeadJvmLogFilter())
-
-
-def _register_port(port: int, proc: subprocess.Popen) -> None:
-    _PORT_PROCS[port] = proc
-    try:
-        while len(_PORT_PROCS) > 256:  # keep the table small; old ports are long dead
-            _PORT_PROCS.pop(next(iter(_PORT_PROCS)))
-    except (KeyError, RuntimeError, StopIteration):  # pragma: no cover - concurrent update
-        pass
-
-
-def _in_thread(fn: Callable[[], Any], what: str) -> tuple[threading.Thread, dict]:
-    """Start `fn` in a daemon thread; its result or exception lands in the dict."""
-    box: dict[str, Any] = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as error:  # handed to the caller
-            box["error"] = error
-
-    thread = threading.Thread(target=target, name=f"scienceworld {what}", daemon=True)
-    thread.start()
-    return thread, box
-
-
-def _run_with_timeout(fn: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Run `fn` in a daemon thread; raise SimulatorTimeout after `timeout` seconds.
-
-    On timeout the thread is left running: the caller kills the JVM, which makes
-    the pending py4j call fail and the thread end.
-    """
-    thread, box = _in_thread(fn, what)
-    thread.join(timeout)
-    if thread.is_alive():
-        raise SimulatorTimeout(f"ScienceWorld {what} took longer than {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def _stop_process(proc: subprocess.Popen | None, force: bool = False) -> None:
-    """Stop a JVM process and reap it: SIGTERM then SIGKILL, or SIGKILL at once."""
-    if proc is None:
-        return
-    try:
-        if proc.poll() is None:
-            if force:
-                proc.kill()
-            else:
-                proc.terminate()
-            try:
-                proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-    except (OSError, subprocess.TimeoutExpired) as error:  # pragma: no cover - best effort
-        logger.warning("could not stop ScienceWorld JVM %s: %s", proc.pid, error)
-    for pipe in (proc.stdin, proc.stdout, proc.stderr):
-        try:
-            if pipe is not None:
-                pipe.close()
-        except OSError:  # pragma: no cover
-            pass
+jvm.use_launch_options(_sw_module)
 
 
 class _Simulator(ScienceWorldEnv):
@@ -303,76 +141,6 @@ class _Simulator(ScienceWorldEnv):
 
     def __del__(self):  # ScienceWorldEnv.__del__ would talk to a possibly dead JVM
         pass
-
-
-def _shutdown_simulator(sim: _Simulator | None, proc: subprocess.Popen | None, force: bool = False) -> None:
-    """Close the py4j gateway (client sockets, callback server) and stop the JVM."""
-    if sim is not None:
-        try:
-            # Not `shutdown()`: that first opens a new connection to the JVM, which
-            # may be dead. `close()` drops the connections and the callback server.
-            sim._gateway.close()
-            # Marked disconnected, later calls (and the finalizers of py4j's Java
-            # object proxies) fail fast instead of retrying a dead port and logging.
-            sim._gateway._gateway_client.is_connected = False
-        except Exception as error:  # pragma: no cover - best effort
-            logger.debug("closing the py4j gateway failed: %s", error)
-    _stop_process(proc, force=force)
-
-
-def _launch_simulator(javaopts: list[str], timeout: float) -> tuple[_Simulator, subprocess.Popen]:
-    """Start a JVM with `javaopts` and connect a simulator to it, within `timeout` s."""
-    token = f"{_owner_token()}.{next(_launch_counter)}"
-    box: dict[str, Any] = {}
-
-    def start():
-        _launch_opts.javaopts = [*javaopts, token]
-        _launch_opts.proc = None
-        try:
-            sim = _Simulator(envStepLimit=_STEP_LIMIT_OFF)
-            box["sim"] = sim
-            return sim, _launch_opts.proc
-        finally:
-            box["proc"] = _launch_opts.proc
-            _launch_opts.javaopts = None
-            _launch_opts.proc = None
-
-    thread, thread_box = _in_thread(start, "JVM start")
-    thread.join(timeout)
-    timed_out = thread.is_alive()
-    if timed_out or "error" in thread_box:
-        # Kill whatever this launch started (found by its token, since py4j only
-        # hands the process back once the JVM has printed its port), until the
-        # start thread has given up; then report.
-        deadline = time.monotonic() + 15
-        while True:
-            for pid in _pids_with_cmdline_arg(token):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if not thread.is_alive() or time.monotonic() > deadline:
-                break
-            thread.join(0.1)
-        _shutdown_simulator(box.get("sim"), box.get("proc"), force=True)
-        if not timed_out:
-            raise SimulatorError(f"ScienceWorld JVM failed to start: {thread_box['error']!r}") from thread_box["error"]
-        raise SimulatorTimeout(f"ScienceWorld JVM start took longer than {timeout:g} s")
-    sim, proc = thread_box["value"]
-    if proc is None:  # pragma: no cover - py4j/scienceworld changed under us
-        _shutdown_simulator(sim, None)
-        raise SimulatorError("could not get hold of the ScienceWorld JVM process")
-    _register_port(sim._gateway.gateway_parameters.port, proc)
-    return sim, proc
-
-
-_LIVE: "weakref.WeakSet[ScienceWorldTask]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for env in list(_LIVE):
-        env.close()
 
 
 # --------------------------------------------------------------------------- env
@@ -400,7 +168,7 @@ def _ambiguous_options(observation: str) -> list[str]:
     return options
 
 
-class ScienceWorldTask:
+class ScienceWorldTask(jvm.JvmOwner):
     """One ScienceWorld task behind the `TextEnv` interface (one JVM per instance).
 
     >>> env = ScienceWorldTask("power-component")
@@ -438,13 +206,9 @@ class ScienceWorldTask:
         self.javaopts = ([f"-Xmx{jvm_heap}"] if jvm_heap else []) + list(jvm_options)
         self.load_timeout_s = float(load_timeout_s)
         self.step_timeout_s = float(step_timeout_s)
-        self.restarts = 0
-        self._sim: _Simulator | None = None
-        self._proc: subprocess.Popen | None = None
-        self._closed = False
+        self.name = f"scienceworld {task}"
         self._variation: int | None = None
-        self._episode_live = False
-        _LIVE.add(self)
+        self._own()
 
         # Start the JVM and load the task (the split accessors need a loaded task).
         def read_splits():
@@ -470,34 +234,14 @@ class ScienceWorldTask:
 
     # ------------------------------------------------------------ JVM plumbing
 
-    @property
-    def jvm_pid(self) -> int | None:
-        """PID of the current JVM (None once closed)."""
-        return self._proc.pid if self._proc is not None else None
-
-    def _kill_jvm(self, force: bool = True) -> None:
-        """Drop the simulator and stop its JVM (SIGKILL unless `force=False`)."""
-        sim, proc = self._sim, self._proc
-        self._sim = self._proc = None
-        _shutdown_simulator(sim, proc, force=force)
-
-    def _call(self, fn: Callable[[], Any], timeout: float, what: str) -> Any:
-        """Run one simulator call under a time limit; on timeout kill the JVM."""
-        if self._sim is None:
-            raise SimulatorError("ScienceWorld JVM is not running")
-        try:
-            return _run_with_timeout(fn, timeout, what)
-        except SimulatorTimeout:
-            self._kill_jvm()
-            raise
-
     def _start(self, variation: int, gold: bool) -> None:
         """Start a JVM and load `variation` (one attempt, within load_timeout_s)."""
         if self._closed:
             raise RuntimeError("scienceworld: environment is closed")
         self._kill_jvm()
         started = time.monotonic()
-        self._sim, self._proc = _launch_simulator(self.javaopts, self.load_timeout_s)
+        self._sim, self._proc = jvm.launch(lambda: _Simulator(envStepLimit=_STEP_LIMIT_OFF), self.javaopts,
+                                           self.load_timeout_s, "ScienceWorld")
         remaining = max(1.0, self.load_timeout_s - (time.monotonic() - started))
         self._load(variation, gold, remaining)
 
@@ -508,39 +252,6 @@ class ScienceWorldTask:
             timeout,
             "load",
         )
-
-    def _start_with_retries(self, variation: int, gold: bool, then: Callable[[], Any] | None = None) -> Any:
-        """`_start` (then `then()`), up to _RESTART_ATTEMPTS times; clear error if all fail."""
-        last: BaseException | None = None
-        for attempt in range(_RESTART_ATTEMPTS):
-            try:
-                self._start(variation, gold)
-                return then() if then is not None else None
-            except (Py4JError, SimulatorError, OSError) as error:
-                last = error
-                logger.warning(
-                    "ScienceWorld %s: simulator start failed (attempt %d/%d): %r",
-                    self.task_name, attempt + 1, _RESTART_ATTEMPTS, error,
-                )
-                self._kill_jvm()
-        message = (
-            f"scienceworld {self.task_name}: the simulator could not be started and loaded "
-            f"in {_RESTART_ATTEMPTS} attempts (load_timeout_s={self.load_timeout_s:g}); "
-            f"last error: {last!r}"
-        )
-        if isinstance(last, TimeoutError):
-            raise TimeoutError(message) from last
-        raise RuntimeError(message) from last
-
-    def _restart(self, variation: int, why: BaseException, gold: bool = False,
-                 then: Callable[[], Any] | None = None) -> Any:
-        """Replace the JVM after an error, load `variation`, run `then()`."""
-        self.restarts += 1
-        logger.warning(
-            "ScienceWorld %s: restarting the simulator (%s: %s)",
-            self.task_name, type(why).__name__, why,
-        )
-        return self._start_with_retries(variation, gold, then)
 
     # ------------------------------------------------------------ episodes
 
@@ -613,7 +324,7 @@ class ScienceWorldTask:
                 raise SimulatorError("ScienceWorld JVM is not running")
             self._load(variation, gold=False, timeout=self.load_timeout_s)
             return self._reset_loaded(variation)
-        except (Py4JError, SimulatorError) as error:
+        except jvm.CALL_FAILED as error:
             observation, info = self._restart(variation, error, then=lambda: self._reset_loaded(variation))
             info["env_restarted"] = True
             return observation, info
@@ -650,7 +361,7 @@ class ScienceWorldTask:
             if sim is None:
                 raise SimulatorError("ScienceWorld JVM is not running")
             observation, completed, raw, options = self._call(execute, self.step_timeout_s, "step")
-        except (Py4JError, SimulatorError) as error:
+        except jvm.CALL_FAILED as error:
             self._episode_live = False
             variation, score = self._variation, self._score
             info = {
@@ -726,7 +437,7 @@ class ScienceWorldTask:
                 raise SimulatorError("ScienceWorld JVM is not running")
             self._load(variation, gold=True, timeout=self.load_timeout_s)
             actions = gold_path()
-        except (Py4JError, SimulatorError) as error:
+        except jvm.CALL_FAILED as error:
             actions = self._restart(variation, error, gold=True, then=gold_path)
         if not keep_ambiguity_answers:
             actions = [a for a in actions if a.strip() != "0"]
@@ -760,27 +471,6 @@ class ScienceWorldTask:
         """The task names as the running simulator lists them."""
         sim = self._sim
         return self._call(sim.get_task_names, self.step_timeout_s, "task names")
-
-    def close(self) -> None:
-        """Shut the gateway down and stop the JVM. Safe to call twice."""
-        if getattr(self, "_closed", True):
-            return
-        self._closed = True
-        self._episode_live = False
-        self._kill_jvm(force=False)
-        _LIVE.discard(self)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
-
-    def __enter__(self) -> "ScienceWorldTask":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"jvm pid {self.jvm_pid}"

@@ -1,0 +1,134 @@
+"""The real TextWorldExpress wrapper (JVM via py4j): CoinCollector, on tiny budgets, and a ci training on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from empo2.config import EMPO2Config
+from empo2.envs import make_env
+from empo2.envs.jvm import running_jvm_pids
+from empo2.envs.textworld_express import ACTION_TEMPLATES, DEFAULT_PARAMS, GAME_NAMES, TextWorldExpressGame
+from empo2.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def coin():
+    env = make_env("textworld_express", "coin", max_steps=40)
+    yield env
+    env.close()
+
+
+def test_bad_game_name_is_a_clear_error_and_starts_no_jvm():
+    before = set(running_jvm_pids())
+    with pytest.raises(ValueError, match="unknown game 'coins'.*coin"):
+        TextWorldExpressGame("coins")
+    assert set(running_jvm_pids()) == before
+    with pytest.raises(ValueError, match="task: 'coins' is not a TextWorldExpress game; choose one of coin"):
+        EMPO2Config.from_profile("laptop", env="textworld_express", task="coins")
+
+
+def test_games_folds_and_bad_variation(coin):
+    assert coin.simulator_game_names() == sorted(GAME_NAMES, key=coin.simulator_game_names().index)
+    assert set(coin.simulator_game_names()) == set(GAME_NAMES)
+    assert coin.game_params == DEFAULT_PARAMS["coin"]
+    assert coin.train_variations == [0, 1, 2, 3, 4]
+    assert coin.test_variations[:2] == [20000, 20001] and len(coin.test_variations) == 20
+    for bad in (-1, 5000, 99999, True):
+        with pytest.raises(ValueError, match=r"not a game seed; allowed: train 0\.\.999, dev 10000\.\.10999"):
+            coin.reset(bad)
+
+
+def test_heap_cap_and_owner_tag_are_on_the_java_command_line(coin):
+    with open(f"/proc/{coin.jvm_pid}/cmdline", "rb") as f:
+        argv = f.read().decode().split("\0")
+    assert os.path.basename(argv[0]) == "java" and "-Xmx256m" in argv
+    assert coin.jvm_pid in running_jvm_pids()
+
+
+def test_reset_info_and_the_first_turn(coin):
+    observation, info = coin.reset(coin.train_variations[0])
+    assert observation.startswith("You are in the kitchen")
+    assert info["valid_actions"] == sorted(info["valid_actions"]) and "look around" in info["valid_actions"]
+    assert "coin" in info["task_description"] and info["score"] == 0 and info["variation"] == 0
+    text = coin.first_turn_text(info["task_description"], observation, info)
+    assert ACTION_TEMPLATES["coin"] in text and "find the coin" in text and "You are in the kitchen" in text
+    assert "Actions you can take now" not in coin.next_turn_text("You open the door.", info, 2, 20)
+
+
+@pytest.mark.parametrize("variation", [3, 20004])
+def test_the_gold_path_takes_the_coin_with_score_100(coin, variation):
+    gold = coin.gold_actions(variation)
+    assert gold[-1] == "take coin"
+    _, info = coin.reset(variation)
+    rewards = []
+    for action in gold:
+        assert action in info["valid_actions"]
+        result = coin.step(action)
+        rewards.append(result.reward)
+        info = result.info
+        assert result.info["executed_action"] == action and result.info["exact_match"]
+        if result.done:
+            break
+    assert result.done and not result.truncated and result.info["completed"]
+    assert result.score == 100 and sum(rewards) == 100 and len(rewards) == len(gold)
+    with pytest.raises(RuntimeError, match="reset"):
+        coin.step("look around")
+
+
+def test_step_limit_and_snapping():
+    with TextWorldExpressGame("coin", max_steps=3) as env:
+        _, info = env.reset(1)
+        result = env.step("walk through the door to the south please")
+        assert result.info["executed_action"] in info["valid_actions"] and not result.info["exact_match"]
+        result = env.step("look around")
+        assert not result.done
+        result = env.step("inventory")
+        assert result.done and result.truncated and result.score == 0 and not result.info["completed"]
+
+
+def test_dead_jvm_restarts_and_close_leaves_nothing():
+    before = set(running_jvm_pids())
+    env = TextWorldExpressGame("coin")
+    try:
+        env.reset(0)
+        old_pid = env.jvm_pid
+        os.kill(old_pid, signal.SIGKILL)
+        result = env.step("look around")
+        assert result.done and result.truncated and result.info["env_restarted"] and env.restarts == 1
+        assert env.jvm_pid != old_pid and not os.path.exists(f"/proc/{old_pid}")  # reaped
+        observation, info = env.reset(0)
+        assert observation.startswith("You are in the kitchen") and not info["env_restarted"]
+        assert set(running_jvm_pids()) - before == {env.jvm_pid}
+    finally:
+        env.close()
+        env.close()  # idempotent
+    assert set(running_jvm_pids()) == before
+
+
+def test_profiles_name_the_game_and_its_folder():
+    cfg = EMPO2Config.from_profile("laptop", env="textworld_express")
+    assert (cfg.task, cfg.experiment, cfg.name) == ("coin", "coin", "empo2-coin-seed0")
+    assert cfg.tip_decoding == "constrained" and cfg.action_decoding == "constrained"
+    assert str(cfg.run_dir) == "results/laptop/coin/empo2-coin-seed0"
+
+
+def test_ci_training_on_the_real_game(tmp_path):
+    """EMPO² at the ci budget on CoinCollector: real JVMs, the real model, constrained actions and tips."""
+    before = set(running_jvm_pids())
+    cfg = EMPO2Config.from_profile("ci", env="textworld_express", method="empo2", p=1.0, results_dir=str(tmp_path))
+    trainer = Trainer(cfg, show_progress=False)
+    try:
+        last = trainer.train()
+    finally:
+        trainer.close()
+    assert set(running_jvm_pids()) == before
+    assert last["iteration"] == cfg.iterations and "eval/score" in last
+    episodes = [json.loads(line) for line in (cfg.run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == cfg.iterations * cfg.group_size + cfg.n_test_variations * cfg.eval_samples
+    tips = [json.loads(line) for line in (cfg.run_dir / "tips.jsonl").read_text().splitlines()]
+    assert tips and all(t["tip"].startswith("Helpful:") and not t["tip_cut"] for t in tips)
+    assert (cfg.run_dir / "summary.json").exists()
