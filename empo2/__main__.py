@@ -6,6 +6,7 @@
     python -m empo2 train ... --resume                     # continue from the run's last checkpoint
     python -m empo2 train ... --overwrite                  # replace the run in that folder
     python -m empo2 train --method naive --task find-animal --profile laptop   # evaluation only
+    python -m empo2 train --env textworld_express --task coin --profile laptop   # CoinCollector, about an hour
     python -m empo2 eval --method grpo --task power-component --profile laptop # evaluate a trained run again
     python -m empo2 config --profile paper                 # print a profile with every field's help
 
@@ -112,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--profile", default="laptop", choices=PROFILES)
         sub.add_argument("--method", default=None, choices=METHODS)
         sub.add_argument("--task", default=None)
-        sub.add_argument("--env", default=None)
+        sub.add_argument("--env", default=None, help="scienceworld (default), webshop, textworld_express, corridor")
         sub.add_argument("--model", default=None)
         sub.add_argument("--seed", type=int, default=None)
         sub.add_argument("--experiment", default=None)

@@ -7,7 +7,7 @@ of every turn of an episode gets that episode's advantage.
 
     adv = grpo_advantages(torch.tensor([10.0, 0.0, 0.0, 30.0]))    # (N,)
 
-(`trainer._token_tensors` gives every action token its episode's advantage.)
+(`update.TokenBatch.of` gives every action token its episode's advantage.)
 """
 
 from __future__ import annotations

@@ -114,24 +114,6 @@ def episodes(folder: Path) -> pd.DataFrame:
     return frame.assign(run=Path(folder).name, method=config["method"], seed=config["seed"])
 
 
-def final_eval(folders: list[Path]) -> pd.DataFrame:
-    """Final tip-free test score of each run, then mean ± std over seeds per method."""
-    rows = []
-    for folder in folders:
-        frame = metrics(folder)
-        evaluated = frame.dropna(subset=["eval/score"]) if "eval/score" in frame else frame.iloc[0:0]
-        if len(evaluated):
-            last = evaluated.iloc[-1]
-            rows.append({"method": last["method"], "seed": last["seed"], "score": last["eval/score"],
-                         "success": last["eval/success"], "iterations": int(last["iteration"])})
-    table = pd.DataFrame(rows)
-    if table.empty:
-        return table
-    return table.groupby("method").agg(score_mean=("score", "mean"), score_std=("score", "std"),
-                                       success=("success", "mean"), seeds=("seed", "count"),
-                                       iterations=("iterations", "max")).reset_index()
-
-
 def final_test_scores(folder: Path) -> np.ndarray:
     """Scores of the test episodes of a run's last evaluation: (episodes,)."""
     frame = episodes(folder)
@@ -259,13 +241,6 @@ def plot_variants(frames: dict[str, pd.DataFrame], title: str, name: str, result
         axes[1].legend(fontsize=7)
     fig.suptitle(title)
     save_figure(fig, name, results_dir)
-
-
-def mean_curve(frames: list[pd.DataFrame], column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Iterations, mean and std over runs of `column` (rows where it was recorded)."""
-    merged = pd.concat([f[["iteration", column]].dropna() for f in frames if column in f])
-    grouped = merged.groupby("iteration")[column]
-    return grouped.mean().index.to_numpy(), grouped.mean().to_numpy(), grouped.std().fillna(0).to_numpy()
 
 
 def enter_project_root() -> Path:

@@ -370,18 +370,20 @@ def loss_metrics(tokens: pd.DataFrame, cfg: EMPO2Config) -> pd.DataFrame:
     return pd.DataFrame(table).T
 
 
-def training_curve(folders: list[Path], resamples: int = 2000) -> pd.DataFrame:
-    """Notebook 04: per iteration, the mean training-episode score over runs (each run's mean first)
-    and its 95% interval (bootstrap over runs, then episodes)."""
+def training_curve(folders: list[Path], resamples: int = 2000, window: int = 1, phase: str = "train") -> pd.DataFrame:
+    """Notebooks 04 and 11: per iteration, the mean episode score over runs (each run's mean first) and its 95%
+    interval (bootstrap over runs, then episodes). `window` > 1 pools blocks of that many iterations (indexed by
+    their last); `phase` "eval" gives the test episodes of each evaluation instead of the training ones."""
     from empo2.stats import seed_bootstrap_interval
 
     frames = [read_episodes(f) for f in folders]
-    trained = [f[f["phase"] == "train"] for f in frames]
+    played = [f[f["phase"] == phase].assign(block=lambda f: ((f["iteration"] - 1) // window + 1) * window)
+              for f in frames]
     rows = []
-    for iteration in sorted(set().union(*[set(f["iteration"]) for f in trained])):
-        groups = [f[f["iteration"] == iteration]["score"].to_numpy() for f in trained]
+    for block in sorted(set().union(*[set(f["block"]) for f in played])):
+        groups = [f[f["block"] == block]["score"].to_numpy() for f in played]
         low, high = seed_bootstrap_interval(groups, resamples=resamples)
-        rows.append({"iteration": int(iteration), "score": float(np.mean([g.mean() for g in groups if len(g)])),
+        rows.append({"iteration": int(block), "score": float(np.mean([g.mean() for g in groups if len(g)])),
                      "95% low": low, "95% high": high})
     return pd.DataFrame(rows).set_index("iteration")
 

@@ -108,7 +108,7 @@ def _verdict(low: float, high: float) -> str:
 
 def claims(results_dir: str | Path = "results", profile: str = "laptop", notebook: str | None = None) -> pd.DataFrame:
     """The paper's claims that the committed runs of `profile` test, each with our difference and verdict;
-    with `notebook` ("04" ... "10") only the claims that notebook tests (the others are not computed)."""
+    with `notebook` ("04" ... "11") only the claims that notebook tests (the others are not computed)."""
     results_dir = str(results_dir)
     main = suite.main_comparison(profile, results_dir) + suite.baselines(profile, results_dir)
     of = lambda method: [c for c in main if c.method == method]  # noqa: E731
@@ -121,6 +121,8 @@ def claims(results_dir: str | Path = "results", profile: str = "laptop", noteboo
     intrinsic = suite.intrinsic_sweep(profile, results_dir)
     shop = suite.webshop_runs(profile, results_dir)
     webshop = lambda method: [c for c in shop if c.method == method]  # noqa: E731
+    coin = suite.coin_runs(profile, results_dir)
+    on_coin = lambda method: [c for c in coin if c.method == method]  # noqa: E731
     rows = [  # (notebook, how to compute the row): each row bootstraps its runs, so only the asked ones run
         ("04", lambda: _difference_claim("EMPO² learns more than GRPO", "04, Fig. 1a",
                                          f"{pc['EMPO2']} vs {pc['GRPO']}", of("empo2"), of("grpo"), "EMPO² − GRPO")),
@@ -150,6 +152,12 @@ def claims(results_dir: str | Path = "results", profile: str = "laptop", noteboo
         ("10", lambda: _difference_claim("EMPO² beats GRPO on WebShop", "10, Table 2",
                                          f"{paper.WEBSHOP_TABLE2['EMPO2'][0]} vs {paper.WEBSHOP_TABLE2['GRPO'][0]}",
                                          webshop("empo2"), webshop("grpo"), "EMPO² − GRPO")),
+        ("11", lambda: _difference_claim("EMPO² learns more than GRPO, on a game a laptop can train on", "11, Fig. 1a",
+                                         "not in the paper (CoinCollector)", on_coin("empo2"), on_coin("grpo"),
+                                         "EMPO² − GRPO")),
+        ("11", lambda: _difference_claim("EMPO² training beats the untrained model, on a game a laptop can train on",
+                                         "11, Table 1", "not in the paper (CoinCollector)", on_coin("empo2"),
+                                         on_coin("naive"), "EMPO² − Naive")),
         ("05", lambda: ood_claim(Path(results_dir) / profile / "ood")),
         ("09", lambda: memory_cost_claim(of("empo2"))),
     ]

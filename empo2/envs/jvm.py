@@ -29,6 +29,8 @@ from typing import Any, Callable
 from py4j.java_gateway import launch_gateway as _py4j_launch_gateway
 from py4j.protocol import Py4JError
 
+from empo2.envs.base import StepResult, jaccard, snap_action, words
+
 logger = logging.getLogger(__name__)
 
 RESTART_ATTEMPTS = 3
@@ -261,11 +263,14 @@ def _close_all() -> None:
 
 
 class JvmOwner:
-    """An environment that owns one simulator JVM: time limits, restarts after errors, clean shutdown.
+    """An environment that owns one simulator JVM: time limits, restarts after errors, clean shutdown, and the
+    parts of `reset` and `step` that do not depend on the game.
 
     A subclass sets `self.name` (for messages), `self.load_timeout_s`, `self.step_timeout_s`, and
     implements `_start(variation, gold)`: start a JVM (`launch`, stored in `self._sim`, `self._proc`)
-    and load `variation`. It calls `_own()` in its constructor before the first start.
+    and load `variation`, and `_reset_loaded(variation)`: reset the loaded game, set `_state`
+    (with "valid_actions"), `_variation`, `_steps`, `_score`, `_episode_live`, and return (observation, info).
+    It calls `_own()` in its constructor before the first start.
     """
 
     name = "simulator"
@@ -329,6 +334,45 @@ class JvmOwner:
         self.restarts += 1
         logger.warning("%s: restarting the simulator (%s: %s)", self.name, type(why).__name__, why)
         return self._start_with_retries(variation, gold, then)
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.name}: environment is closed")
+
+    def _reset_or_restart(self, variation: int, reset: Callable[[], tuple[str, dict]]) -> tuple[str, dict]:
+        """`reset()`; after a dead or hung JVM, a fresh one reset on `variation` (info["env_restarted"] True)."""
+        self._episode_live = False
+        try:
+            return reset()
+        except CALL_FAILED as error:
+            observation, info = self._restart(variation, error, then=lambda: self._reset_loaded(variation))
+            info["env_restarted"] = True
+            return observation, info
+
+    def _begin_step(self, text: str) -> tuple[str, dict]:
+        """Check that an episode runs, snap `text` to an admissible action, count the step:
+        (the action, the info every outcome of this step carries)."""
+        self._ensure_open()
+        if not self._episode_live:
+            raise RuntimeError(f"{self.name}: no running episode; call reset(variation) first")
+        action = snap_action(text, self._state["valid_actions"])
+        exact = action.lower() == text.strip().lower()
+        self._steps += 1
+        return action, {"raw_action": text, "executed_action": action, "exact_match": exact,
+                        "similarity": 1.0 if exact else jaccard(words(text), words(action)),
+                        "step": self._steps, "variation": self._variation}
+
+    def _restarted_step(self, step_info: dict, error: BaseException, **extra) -> StepResult:
+        """The outcome of a step whose JVM died or hung: a fresh JVM is reset on the same variation, but this
+        episode is over (the caller must `reset` before stepping again); its score stays what it was."""
+        self._episode_live = False
+        variation, score = self._variation, self._score
+        info = {**step_info, **self._state, "score": score, **extra, "env_restarted": True,
+                "env_error": f"{type(error).__name__}: {error}"}
+        self._restart(variation, error, then=lambda: self._reset_loaded(variation))
+        self._episode_live = False
+        return StepResult("The environment stopped unexpectedly and was restarted; the episode ends here.",
+                          reward=0.0, score=score, done=True, truncated=True, info=info)
 
     def close(self) -> None:
         """Shut the gateway down and stop the JVM. Safe to call twice."""

@@ -46,7 +46,7 @@ import scienceworld.scienceworld as _sw_module
 from scienceworld import ScienceWorldEnv
 
 from empo2.envs import jvm
-from empo2.envs.base import StepResult, snap_action, words, jaccard
+from empo2.envs.base import StepResult
 from empo2.envs.jvm import SimulatorError, SimulatorTimeout, running_jvm_pids  # noqa: F401 (re-exported)
 from empo2.prompts import first_turn, next_turn
 
@@ -236,8 +236,7 @@ class ScienceWorldTask(jvm.JvmOwner):
 
     def _start(self, variation: int, gold: bool) -> None:
         """Start a JVM and load `variation` (one attempt, within load_timeout_s)."""
-        if self._closed:
-            raise RuntimeError("scienceworld: environment is closed")
+        self._ensure_open()
         self._kill_jvm()
         started = time.monotonic()
         self._sim, self._proc = jvm.launch(lambda: _Simulator(envStepLimit=_STEP_LIMIT_OFF), self.javaopts,
@@ -315,29 +314,20 @@ class ScienceWorldTask(jvm.JvmOwner):
 
     def reset(self, variation: int) -> tuple[str, dict]:
         """Load `variation` of the task and start an episode (observation = look around)."""
-        if self._closed:
-            raise RuntimeError("scienceworld: environment is closed")
+        self._ensure_open()
         variation = self._check_variation(variation)
-        self._episode_live = False
-        try:
+
+        def load_and_reset():
             if self._sim is None:
                 raise SimulatorError("ScienceWorld JVM is not running")
             self._load(variation, gold=False, timeout=self.load_timeout_s)
             return self._reset_loaded(variation)
-        except jvm.CALL_FAILED as error:
-            observation, info = self._restart(variation, error, then=lambda: self._reset_loaded(variation))
-            info["env_restarted"] = True
-            return observation, info
+
+        return self._reset_or_restart(variation, load_and_reset)
 
     def step(self, text: str) -> StepResult:
         """Snap `text` to a valid action, execute it, return the outcome."""
-        if self._closed:
-            raise RuntimeError("scienceworld: environment is closed")
-        if not self._episode_live:
-            raise RuntimeError("scienceworld: no running episode; call reset(variation) first")
-        valid = self._state["valid_actions"]
-        action = snap_action(text, valid)
-        exact = action.lower() == text.strip().lower()
+        action, step_info = self._begin_step(text)
         sim = self._sim
 
         def execute():
@@ -348,42 +338,12 @@ class ScienceWorldTask(jvm.JvmOwner):
                 observation, _, completed, raw = sim.step("0")
             return observation, completed, raw, options
 
-        self._steps += 1
-        base_info = {
-            "raw_action": text,
-            "executed_action": action,
-            "exact_match": exact,
-            "similarity": 1.0 if exact else jaccard(words(text), words(action)),
-            "step": self._steps,
-            "variation": self._variation,
-        }
         try:
             if sim is None:
                 raise SimulatorError("ScienceWorld JVM is not running")
             observation, completed, raw, options = self._call(execute, self.step_timeout_s, "step")
         except jvm.CALL_FAILED as error:
-            self._episode_live = False
-            variation, score = self._variation, self._score
-            info = {
-                **base_info,
-                **self._state,
-                "score": score,
-                "ambiguous": False,
-                "env_restarted": True,
-                "env_error": f"{type(error).__name__}: {error}",
-            }
-            self._restart(variation, error, then=lambda: self._reset_loaded(variation))
-            # The fresh simulator is reset on the same variation, but this episode
-            # is over: the caller must call reset() before stepping again.
-            self._episode_live = False
-            return StepResult(
-                observation="The environment stopped unexpectedly and was restarted; the episode ends here.",
-                reward=0.0,
-                score=score,
-                done=True,
-                truncated=True,
-                info=info,
-            )
+            return self._restarted_step(step_info, error, ambiguous=False)
 
         score = float(max(-100, min(100, raw["score"])))
         reward = score - self._score
@@ -395,7 +355,7 @@ class ScienceWorldTask(jvm.JvmOwner):
         if done:
             self._episode_live = False
         info = {
-            **base_info,
+            **step_info,
             **self._state,
             "score": score,
             "ambiguous": options is not None,
@@ -423,8 +383,7 @@ class ScienceWorldTask(jvm.JvmOwner):
         because `step` answers them itself; feeding the result to `step` one by one
         then replays the gold path.
         """
-        if self._closed:
-            raise RuntimeError("scienceworld: environment is closed")
+        self._ensure_open()
         variation = self._check_variation(variation)
         self._episode_live = False
 

@@ -34,7 +34,7 @@ import textworld_express.textworld_express as _twx_module
 from textworld_express import TextWorldExpressEnv
 
 from empo2.envs import jvm
-from empo2.envs.base import StepResult, jaccard, snap_action, words
+from empo2.envs.base import StepResult
 from empo2.prompts import first_turn, next_turn
 
 GAME_NAMES: tuple[str, ...] = ("coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting",
@@ -112,8 +112,7 @@ class TextWorldExpressGame(jvm.JvmOwner):
 
     def _start(self, variation: int | None, gold: bool) -> None:
         """Start a JVM and load the game (and the game of `variation`, unless None), within load_timeout_s."""
-        if self._closed:
-            raise RuntimeError("textworld_express: environment is closed")
+        self._ensure_open()
         self._kill_jvm()
         started = time.monotonic()
         self._sim, self._proc = jvm.launch(lambda: _Simulator(envStepLimit=_STEP_LIMIT_OFF), self.javaopts,
@@ -154,40 +153,18 @@ class TextWorldExpressGame(jvm.JvmOwner):
 
     def reset(self, variation: int) -> tuple[str, dict]:
         """Generate the game of seed `variation` and start an episode (observation = look around)."""
-        if self._closed:
-            raise RuntimeError("textworld_express: environment is closed")
+        self._ensure_open()
         self._fold(variation)
-        self._episode_live = False
-        try:
-            return self._reset_loaded(variation)
-        except jvm.CALL_FAILED as error:
-            observation, info = self._restart(variation, error, then=lambda: self._reset_loaded(variation))
-            info["env_restarted"] = True
-            return observation, info
+        return self._reset_or_restart(variation, lambda: self._reset_loaded(variation))
 
     def step(self, text: str) -> StepResult:
         """Snap `text` to an admissible action, execute it, return the outcome."""
-        if self._closed:
-            raise RuntimeError("textworld_express: environment is closed")
-        if not self._episode_live:
-            raise RuntimeError("textworld_express: no running episode; call reset(variation) first")
-        action = snap_action(text, self._state["valid_actions"])
-        exact = action.lower() == text.strip().lower()
-        self._steps += 1
-        base_info = {"raw_action": text, "executed_action": action, "exact_match": exact,
-                     "similarity": 1.0 if exact else jaccard(words(text), words(action)),
-                     "step": self._steps, "variation": self._variation}
+        action, step_info = self._begin_step(text)
         sim = self._sim
         try:
             observation, _, _, raw = self._call(lambda: sim.step(action), self.step_timeout_s, "step")
         except jvm.CALL_FAILED as error:
-            variation, score = self._variation, self._score
-            info = {**base_info, **self._state, "score": score, "env_restarted": True,
-                    "env_error": f"{type(error).__name__}: {error}"}
-            self._restart(variation, error, then=lambda: self._reset_loaded(variation))
-            self._episode_live = False  # the fresh simulator is reset, but this episode is over
-            return StepResult("The environment stopped unexpectedly and was restarted; the episode ends here.",
-                              reward=0.0, score=score, done=True, truncated=True, info=info)
+            return self._restarted_step(step_info, error)
         score = float(max(-100.0, min(100.0, 100.0 * raw["score"])))
         reward, self._score = score - self._score, score
         self._state = self._snapshot(raw)
@@ -195,7 +172,7 @@ class TextWorldExpressGame(jvm.JvmOwner):
         truncated = not (succeeded or failed) and self._steps >= self.max_steps
         done = succeeded or failed or truncated
         self._episode_live = not done
-        info = {**base_info, **self._state, "score": score, "env_restarted": False,
+        info = {**step_info, **self._state, "score": score, "env_restarted": False,
                 "completed": succeeded, "failed": failed}
         return StepResult(observation, reward=reward, score=score, done=done, truncated=truncated, info=info)
 
@@ -215,8 +192,7 @@ class TextWorldExpressGame(jvm.JvmOwner):
 
     def gold_actions(self, variation: int) -> list[str]:
         """The game's gold action sequence for seed `variation` (ends any running episode)."""
-        if self._closed:
-            raise RuntimeError("textworld_express: environment is closed")
+        self._ensure_open()
         fold, sim = self._fold(variation), self._sim
         self._episode_live = False
 
