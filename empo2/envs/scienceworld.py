@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
 
 import scienceworld.scienceworld as _sw_module
 from scienceworld import ScienceWorldEnv
