@@ -266,16 +266,20 @@ class JvmOwner:
     """An environment that owns one simulator JVM: time limits, restarts after errors, clean shutdown, and the
     parts of `reset` and `step` that do not depend on the game.
 
-    A subclass sets `self.name` (for messages), `self.load_timeout_s`, `self.step_timeout_s`, and
-    implements `_start(variation, gold)`: start a JVM (`launch`, stored in `self._sim`, `self._proc`)
-    and load `variation`, and `_reset_loaded(variation)`: reset the loaded game, set `_state`
+    A subclass implements `_start(variation, gold)`: start a JVM (`launch`, stored in `self._sim`,
+    `self._proc`) and load `variation`, and `_reset_loaded(variation)`: reset the loaded game, set `_state`
     (with "valid_actions"), `_variation`, `_steps`, `_score`, `_episode_live`, and return (observation, info).
-    It calls `_own()` in its constructor before the first start.
+    Its constructor calls `_own(...)`, then `_open(...)` for the first start.
     """
 
     name = "simulator"
 
-    def _own(self) -> None:
+    def _own(self, name: str, load_timeout_s: float, step_timeout_s: float) -> None:
+        """Set up the bookkeeping: `name` for messages, the time limits of a start and of a call."""
+        self.name = name
+        self.load_timeout_s = float(load_timeout_s)
+        self.step_timeout_s = float(step_timeout_s)
+        self._variation = None
         self.restarts = 0
         self._sim = None
         self._proc: subprocess.Popen | None = None
@@ -327,6 +331,14 @@ class JvmOwner:
         if isinstance(last, TimeoutError):
             raise TimeoutError(message) from last
         raise RuntimeError(message) from last
+
+    def _open(self, variation, then: Callable[[], Any]) -> Any:
+        """The first start (`_start_with_retries`), returning `then()`; a failure closes the environment first."""
+        try:
+            return self._start_with_retries(variation, gold=False, then=then)
+        except BaseException:
+            self.close()
+            raise
 
     def _restart(self, variation: int, why: BaseException, gold: bool = False,
                  then: Callable[[], Any] | None = None) -> Any:

@@ -203,11 +203,7 @@ class ScienceWorldTask(jvm.JvmOwner):
             raise ValueError(f"scienceworld: max_steps must be >= 1, got {self.max_steps}")
         self.jvm_heap = jvm_heap
         self.javaopts = ([f"-Xmx{jvm_heap}"] if jvm_heap else []) + list(jvm_options)
-        self.load_timeout_s = float(load_timeout_s)
-        self.step_timeout_s = float(step_timeout_s)
-        self.name = f"scienceworld {task}"
-        self._variation: int | None = None
-        self._own()
+        self._own(f"scienceworld {task}", load_timeout_s, step_timeout_s)
 
         # Start the JVM and load the task (the split accessors need a loaded task).
         def read_splits():
@@ -222,11 +218,7 @@ class ScienceWorldTask(jvm.JvmOwner):
                 "split lookup",
             )
 
-        try:
-            splits = self._start_with_retries(variation=0, gold=False, then=read_splits)
-        except BaseException:
-            self.close()
-            raise
+        splits = self._open(variation=0, then=read_splits)
         self.all_train_variations, self.all_test_variations, self.n_variations = splits
         self.train_variations = self.all_train_variations[: max(0, n_train_variations)]
         self.test_variations = self.all_test_variations[: max(0, n_test_variations)]

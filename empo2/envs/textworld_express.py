@@ -82,22 +82,14 @@ class TextWorldExpressGame(jvm.JvmOwner):
         self.game_params = game_params or DEFAULT_PARAMS.get(game, "")
         self.max_steps = int(max_steps) if max_steps else DEFAULT_MAX_STEPS
         self.javaopts = [f"-Xmx{jvm_heap}"] if jvm_heap else []
-        self.load_timeout_s = float(load_timeout_s)
-        self.step_timeout_s = float(step_timeout_s)
-        self.name = f"textworld_express {game}"
-        self._variation: int | None = None
-        self._own()
+        self._own(f"textworld_express {game}", load_timeout_s, step_timeout_s)
 
         def read_folds():
             sim = self._sim
             return self._call(lambda: (list(sim.getValidSeedsTrain()), list(sim.getValidSeedsDev()),
                                        list(sim.getValidSeedsTest())), self.load_timeout_s, "fold lookup")
 
-        try:
-            folds = self._start_with_retries(variation=None, gold=False, then=read_folds)
-        except BaseException:
-            self.close()
-            raise
+        folds = self._open(variation=None, then=read_folds)
         self._folds = dict(zip(("train", "dev", "test"), (frozenset(seeds) for seeds in folds)))
         self.train_variations = folds[0][: max(0, n_train_variations)]
         self.test_variations = folds[2][: max(0, n_test_variations)]
