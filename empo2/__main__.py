@@ -59,7 +59,7 @@ def demo(args) -> None:
     import torch
 
     from empo2.envs import env_from_config
-    from empo2.loss import PLAIN
+    from empo2.episode import PLAIN
     from empo2.models import load_policy
     from empo2.rollout import Roller
 
@@ -76,7 +76,7 @@ def demo(args) -> None:
     started = time.perf_counter()
     env = env_from_config(cfg)
     try:
-        roller = Roller.from_config(cfg, model, tokenizer, generator=torch.Generator().manual_seed(args.seed))
+        roller = Roller.from_config(cfg, model, tokenizer, sampling_rng=torch.Generator().manual_seed(args.seed))
         variation = env.train_variations[0]
         [episode] = roller.run([env], [variation], [PLAIN], temperature=1.0, write_tips=True)
     finally:

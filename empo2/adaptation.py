@@ -14,7 +14,7 @@ import torch
 
 from empo2.config import EMPO2Config
 from empo2.envs import env_from_config
-from empo2.loss import MEMORY_ON_POLICY
+from empo2.episode import MEMORY_ON_POLICY
 from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy, load_trained_weights
 from empo2.rollout import Roller
@@ -42,7 +42,7 @@ def adapt(cfg: EMPO2Config, weights: Path | None, target_task: str, *, trials: i
                        similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
     envs = [env_from_config(cfg, target_task) for _ in range(episodes_per_trial)]
     roller = Roller.from_config(cfg, model, tokenizer, embedder=embedder, memory=memory,
-                                generator=torch.Generator().manual_seed(seed), memory_scope="task")
+                                sampling_rng=torch.Generator().manual_seed(seed), memory_scope="task")
     rows = []
     try:
         variations = list(envs[0].train_variations if split == "train" else envs[0].test_variations)

@@ -37,7 +37,9 @@ class EMPO2Config:
     method: str = "empo2"
     """Which method: empo2, grpo, naive, memory_only (see the module docstring)."""
     profile: str = "laptop"
-    """The preset these values started from: ci, laptop or paper (recorded, not re-applied)."""
+    """The preset these values started from: ci, laptop or paper (recorded, not re-applied; it names the
+    results folder). Only `EMPO2Config.from_profile` applies a preset: a bare `EMPO2Config()` holds each field's own
+    default, not the laptop profile's values, although it is filed under "laptop"."""
     experiment: str = ""
     """The experiment's folder under `results_dir/profile/`; empty means the task's name (ScienceWorld,
     TextWorldExpress) or the environment's (webshop, corridor), the folders the notebooks read."""
@@ -381,7 +383,7 @@ PROFILE_VALUES: dict[str, dict] = {
     # split has only 5 variations) at the end. Constrained decoding: the 135M model cannot write
     # ScienceWorld commands, so it chooses among the admissible ones. Each retrieved tip is shown once
     # per episode (repeat_tips=False): an EMPO2 iteration then takes about 124 s here instead of 364 s
-    # (`python -m empo2.bench`), against about 88 s for GRPO.
+    # (`python benchmarks/bench.py`), against about 88 s for GRPO.
     # 15 steps, not power-component's 30: the conversation, and so the cache, grows every step, and a
     # group of 8 x 30 steps takes about 3 times as long as 8 x 15 (and more memory than 24 GB with tips).
     "laptop": dict(

@@ -25,7 +25,7 @@ forward pass instead of one decode step each.
 Why a trie of our own rather than a grammar library (xgrammar, llguidance,
 outlines): the allowed set changes at every step of every episode (hundreds to
 a few thousand actions), so the per-state cost is building the constraint, not
-applying it; `python -m empo2.bench_constraints` measures both ways on ScienceWorld's
+applying it; `python benchmarks/bench_constraints.py` measures both ways on ScienceWorld's
 largest valid-action lists. On the GPU engine the same constraint is vLLM's
 structured output with a `choice` list (see README).
 """
@@ -33,6 +33,8 @@ structured output with a `choice` list (see README).
 from __future__ import annotations
 
 from collections import OrderedDict
+
+from empo2.episode import is_forced
 
 FREE_TEXT = "[...]"
 """An admissible action ending with this is a template: its prefix, then free text up to `]`."""
@@ -227,7 +229,7 @@ class Cursor:
     def forced(self) -> int | None:
         """The only token that may come next, if exactly one may."""
         allowed = self.allowed()
-        return allowed[0] if allowed is not None and len(allowed) == 1 else None
+        return allowed[0] if is_forced(allowed) else None
 
 
 class TemplateConstraint:
@@ -288,4 +290,4 @@ class TemplateCursor:
 
     def forced(self) -> int | None:
         allowed = self.allowed()
-        return allowed[0] if len(allowed) == 1 else None
+        return allowed[0] if is_forced(allowed) else None

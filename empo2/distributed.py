@@ -78,6 +78,21 @@ class Processes:
                 p.grad = torch.zeros_like(p)
             p.grad = reduce(p.grad, reduction="sum")
 
+    def add_up(self, values: dict[str, torch.Tensor], maxima: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+        """Each scalar of `values` (one dtype) summed over the processes (the ones named in `maxima`: their maximum)."""
+        if self.size == 1:
+            return values
+        import torch.distributed as dist
+
+        merged = {}
+        for names, op in (([n for n in values if n not in maxima], dist.ReduceOp.SUM),
+                          ([n for n in values if n in maxima], dist.ReduceOp.MAX)):
+            if names:
+                stacked = torch.stack([values[n].detach() for n in names])  # (len(names),)
+                dist.all_reduce(stacked, op=op)
+                merged |= dict(zip(names, stacked))
+        return {name: merged[name] for name in values}
+
     def optimizer(self, parameters: list[torch.Tensor], *, lr: float, shard: bool = False) -> torch.optim.Optimizer:
         """AdamW over `parameters`; with `shard` and several processes, ZeRO stage 1: each process keeps the
         moments of its share of the parameters only, steps that share and broadcasts it to the others.

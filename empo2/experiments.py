@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from empo2.config import EMPO2Config
+from empo2.episode import failed, succeeded
 from empo2.runs import RunFolder, config_differences, read_rows
 
 try:
@@ -139,7 +140,7 @@ def score_table(folders: list[Path]) -> pd.DataFrame:
         train = [episodes(f) for f in chosen]
         rows.append({
             "method": method, "score": float(np.mean([s.mean() for s in scores])), "95% low": low, "95% high": high,
-            "success": float(np.mean(np.concatenate(scores) >= 100)), "seeds": len(chosen),
+            "success": float(np.mean(succeeded(np.concatenate(scores)))), "seeds": len(chosen),
             "test episodes": int(sum(len(s) for s in scores)),
             "training episodes per run": int(np.mean([(t["phase"] == "train").sum() for t in train])),
             "training minutes per run": float(np.mean([f["time/iteration"].sum() / 60 if "time/iteration" in f else 0.0
@@ -168,11 +169,11 @@ def policy_comparison(folders: dict[str, list[Path]], baseline: str) -> pd.DataF
     rows = []
     for label, per_seed in scores.items():
         row = {"policy": label, "seeds": len(per_seed), "test episodes": int(sum(len(s) for s in per_seed))}
-        for name, values in (("score", per_seed), ("ended at −100", [s <= -100 for s in per_seed])):
+        for name, values in (("score", per_seed), ("ended at −100", [failed(s) for s in per_seed])):
             low, high = seed_bootstrap_interval(values)
             row |= {name: float(np.mean([v.mean() for v in values])), f"{name} 95% low": low, f"{name} 95% high": high}
             if label != baseline:
-                base = scores[baseline] if name == "score" else [s <= -100 for s in scores[baseline]]
+                base = scores[baseline] if name == "score" else [failed(s) for s in scores[baseline]]
                 difference, low, high = seed_bootstrap_difference(values, base)
                 row |= {f"{name} vs {baseline}": difference, f"{name} vs {baseline} 95% low": low,
                         f"{name} vs {baseline} 95% high": high}
@@ -208,8 +209,8 @@ def variant_runs(configs: dict[str, EMPO2Config], force: bool = False
         half = frame["iteration"].max() / 2
         rows.append({"variant": label, "final test score": scores.mean(), "95% low": low, "95% high": high,
                      "test episodes": len(scores), "mean training score": frame["train/score"].mean(),
-                     "ended at −100, first half (%)": 100 * (train[train["iteration"] <= half]["score"] <= -100).mean(),
-                     "second half (%)": 100 * (train[train["iteration"] > half]["score"] <= -100).mean(),
+                     "ended at −100, first half (%)": 100 * failed(train[train["iteration"] <= half]["score"]).mean(),
+                     "second half (%)": 100 * failed(train[train["iteration"] > half]["score"]).mean(),
                      "iterations": int(frame["iteration"].max())})
     return frames, pd.DataFrame(rows).set_index("variant").round(1)
 

@@ -57,7 +57,7 @@ class GroupGenerator:
     """Samples one response per requested slot; slots are episodes of one group."""
 
     def __init__(self, model, tokenizer, num_slots: int, *, reuse_cache: bool = True,
-                 temperature: float = 1.0, generator: torch.Generator | None = None, layout: str = "ragged"):
+                 temperature: float = 1.0, sampling_rng: torch.Generator | None = None, layout: str = "ragged"):
         if layout not in LAYOUTS:
             raise ValueError(f"GroupGenerator: layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
         self.model = model
@@ -65,7 +65,7 @@ class GroupGenerator:
         self.stop_id = tokenizer.eos_token_id
         self.reuse_cache = reuse_cache
         self.temperature = temperature
-        self.generator = generator
+        self.sampling_rng = sampling_rng
         self.layout = layout
         self.device = next(model.parameters()).device
         self.trunk, self.lm_head = trunk_and_head(model)
@@ -251,16 +251,15 @@ class GroupGenerator:
         for row, choices in enumerate(allowed):
             index = None if choices is None else torch.tensor(choices, device=logits.device)  # (k,)
             scores = logits[row] if index is None else logits[row, index]  # (vocab,) or (k,)
-            if self.temperature > 0:
-                scores = scores / self.temperature
+            scores = with_temperature(scores, self.temperature)
             row_logprobs = torch.log_softmax(scores, dim=-1)  # (vocab,) or (k,)
             if self.temperature <= 0:
                 pick = int(row_logprobs.argmax())
             else:
                 probs = row_logprobs.exp()  # (vocab,) or (k,)
-                if self.generator is not None:
-                    probs = probs.to(self.generator.device)  # a CPU generator samples CPU tensors only
-                pick = int(torch.multinomial(probs, 1, generator=self.generator))
+                if self.sampling_rng is not None:
+                    probs = probs.to(self.sampling_rng.device)  # a CPU generator samples CPU tensors only
+                pick = int(torch.multinomial(probs, 1, generator=self.sampling_rng))
             tokens.append(pick if index is None else choices[pick])
             logprobs.append(float(row_logprobs[pick]))
         return tokens, logprobs
@@ -302,7 +301,7 @@ class GroupGenerator:
         responses = {slot: Response([], [], [] if slot in cursors else None) for slot in prompts}
         active = set()
         for slot in prompts:
-            if not self._append_forced(responses[slot], cursors.get(slot)):
+            if not append_forced(responses[slot], cursors.get(slot)):
                 active.add(slot)
                 self.prefilled_tokens += len(chunks[slot])
                 chunks[slot] += responses[slot].ids
@@ -322,24 +321,11 @@ class GroupGenerator:
                 else:
                     done = token == self.stop_id or len(response.ids) >= max_new_tokens[slot]
                 start = len(response.ids) - 1
-                if done or self._append_forced(response, cursor):
+                if done or append_forced(response, cursor):
                     active.discard(slot)
                 else:
                     chunks[slot] = response.ids[start:]
         return responses
-
-    @staticmethod
-    def _append_forced(response: "Response", cursor: Cursor | None) -> bool:
-        """Append the run of forced tokens at the cursor; True when that completes the response."""
-        if cursor is None:
-            return False
-        while not cursor.done:
-            token = cursor.forced()
-            if token is None:
-                return False
-            response.append(token, 0.0, (token,))
-            cursor.advance(token)
-        return True
 
 
 class GrowingLayer(DynamicLayer):
@@ -506,6 +492,19 @@ class Response:
             self.allowed.append(allowed)
 
 
+def append_forced(response: "Response", cursor: Cursor | None) -> bool:
+    """Append the run of forced tokens at the cursor (log-prob 0 each); True when that completes the response."""
+    if cursor is None:
+        return False
+    while not cursor.done:
+        token = cursor.forced()
+        if token is None:
+            return False
+        response.append(token, 0.0, (token,))
+        cursor.advance(token)
+    return True
+
+
 def trunk_and_head(model):
     """The transformer trunk (hidden states after the final norm) and the LM head of a causal LM (LoRA-wrapped or not).
 
@@ -515,6 +514,12 @@ def trunk_and_head(model):
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.model, base.get_output_embeddings()
+
+
+def with_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits of the distribution sampled at `temperature` (0: greedy, logits unchanged). The sampler and the
+    update's log-probs both go through here, so that the two agree."""
+    return logits / temperature if temperature > 0 and temperature != 1.0 else logits
 
 
 def allowed_mask(allowed: list[tuple[int, ...] | None], vocab: int, device=None) -> torch.Tensor:

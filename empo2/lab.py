@@ -21,7 +21,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from empo2 import ROOT
+
 KERNEL_NAME = "empo2"
 KERNEL_DISPLAY_NAME = "empo2 (.venv)"
 KERNELSPEC = {"display_name": KERNEL_DISPLAY_NAME, "language": "python", "name": KERNEL_NAME}

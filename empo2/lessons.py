@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from empo2.config import EMPO2Config
+from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, failed
 from empo2.experiments import episodes as read_episodes
 from empo2.experiments import progress_enabled
 
@@ -131,7 +132,7 @@ def untrained_roller(cfg: EMPO2Config, episodes: int, *, memory: bool = True, me
     try:
         envs = [env_from_config(cfg) for _ in range(episodes)]
         roller = Roller.from_config(cfg, model, tokenizer, embedder=embedder, memory=tips,
-                                    generator=torch.Generator().manual_seed(cfg.seed), memory_scope=memory_scope)
+                                    sampling_rng=torch.Generator().manual_seed(cfg.seed), memory_scope=memory_scope)
         yield Lesson(cfg, roller, envs, tokenizer, embedder, tips)
     finally:
         for env in envs:
@@ -140,8 +141,6 @@ def untrained_roller(cfg: EMPO2Config, episodes: int, *, memory: bool = True, me
 
 def quickstart_episode(cfg: EMPO2Config) -> dict:
     """Notebook 00: one plain episode of the untrained policy on the first training variation, and its tip."""
-    from empo2.loss import PLAIN
-
     with untrained_roller(cfg, 1, memory=False) as lesson:
         [episode] = lesson.play([lesson.envs[0].train_variations[0]], [PLAIN], temperature=cfg.temperature,
                                 write_tips=True, desc="one episode")
@@ -158,8 +157,6 @@ def plain_then_with_memory(cfg: EMPO2Config, episodes: int) -> list[dict]:
     written and stored), then `episodes` memory-augmented ones on the same variation, at the
     evaluation temperature. One dict per episode: condition, score, tip, and per turn the executed
     action, the score so far, how many tips were shown and the first of them."""
-    from empo2.loss import MEMORY_ON_POLICY, PLAIN
-
     with untrained_roller(cfg, episodes) as lesson:
         variation = lesson.envs[0].train_variations[0]
         plain = lesson.play([variation] * episodes, [PLAIN] * episodes, temperature=cfg.eval_temperature,
@@ -180,8 +177,6 @@ def memory_snapshot(cfg: EMPO2Config, episodes: int) -> dict:
     """Notebook 02: play `episodes` plain episodes (one per training variation), store their tips in one
     task-wide memory, and query it with the first state of the first episode. Returns the query
     state and every entry with its cosine similarity to the query and whether it was retrieved."""
-    from empo2.loss import PLAIN
-
     with untrained_roller(cfg, episodes, memory_scope="task") as lesson:
         train = list(lesson.envs[0].train_variations)
         variations = [train[i % len(train)] for i in range(episodes)]
@@ -214,7 +209,6 @@ def importance_ratios(cfg: EMPO2Config) -> list[dict]:
 
     from empo2.advantages import grpo_advantages
     from empo2.logprobs import episode_logprobs
-    from empo2.loss import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
     from empo2.trainer import Trainer
 
     n = cfg.group_size
@@ -235,7 +229,7 @@ def importance_ratios(cfg: EMPO2Config) -> list[dict]:
                                                       temperature=cfg.temperature)
         with torch.no_grad():
             before = [(score(e, e.sampled_with_tips), score(e, e.trained_with_tips)) for e in batch]
-        returns = torch.tensor([e.score + e.intrinsic_return for e in batch])
+        returns = torch.tensor([e.total_return for e in batch])
         advantages = grpo_advantages(returns)
         trainer.update(batch, advantages)
         with torch.no_grad():
@@ -243,8 +237,7 @@ def importance_ratios(cfg: EMPO2Config) -> list[dict]:
     rows = []
     for i, (e, (old, new_before), new_after) in enumerate(zip(batch, before, after)):
         turn_of_token = [t for t, turn in enumerate(e.turns) for _ in turn.response_ids]
-        # Constrained decoding: a token that was the only allowed continuation is no decision.
-        forced = [allowed is not None and len(allowed) == 1 for turn in e.turns for allowed in turn.allowed_sets()]
+        forced = [not decision for decision in e.decision_mask()]  # the only allowed continuation: no decision
         for o, nb, na, turn, f in zip(old.tolist(), new_before.tolist(), new_after.tolist(), turn_of_token, forced):
             rows.append({"episode": i, "turn": turn, "mode": e.mode_name, "score": e.score,
                          "intrinsic": e.intrinsic_return, "advantage": float(advantages[i]), "forced": f,
@@ -312,7 +305,7 @@ def test_outcomes(folders_by_label: dict[str, list[Path]]) -> pd.DataFrame:
         tested = pd.concat([last_evaluation(f) for f in folders])
         repeated = [1 - len(set(a)) / max(1, len(a)) for a in tested["actions"]]
         rows.append({"method": label, "test episodes": len(tested),
-                     "ended at −100": float((tested["score"] <= -100).mean()),
+                     "ended at −100": float(failed(tested["score"]).mean()),
                      "left first room (≥ 7)": float((tested["score"] >= 7).mean()),
                      "reached workshop (≥ 13)": float((tested["score"] >= 13).mean()),
                      "repeated actions": float(np.mean(repeated)), "mean score": float(tested["score"].mean())})
@@ -350,7 +343,7 @@ def loss_metrics(tokens: pd.DataFrame, cfg: EMPO2Config) -> pd.DataFrame:
     its metrics overall and per mode."""
     import torch
 
-    from empo2.loss import MODE_NAMES, policy_loss
+    from empo2.loss import policy_loss
 
     codes = {name: int(code) for code, name in MODE_NAMES.items()}
     _, metrics = policy_loss(

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from empo2.generation import allowed_mask, trunk_and_head
-from empo2.rollout import Episode
+from empo2.episode import Episode, is_forced
+from empo2.generation import allowed_mask, trunk_and_head, with_temperature
 
 
 def _is_append_only(episode: Episode, with_tips: bool) -> bool:
@@ -44,7 +44,7 @@ def sequence_logprobs(model, ids: list[int], spans: list[tuple[int, int]], *, te
         raise ValueError(f"sequence_logprobs: {len(allowed)} allowed sets for {len(positions)} action tokens")
     if any(p < 1 for p in positions):
         raise ValueError("sequence_logprobs: an action token cannot be the first token of the sequence")
-    scored = [k for k in range(len(positions)) if allowed is None or allowed[k] is None or len(allowed[k]) > 1]
+    scored = [k for k in range(len(positions)) if allowed is None or not is_forced(allowed[k])]
     if not scored:
         return torch.zeros(len(positions), device=device)
     input_ids = torch.tensor([ids], device=device)  # (1, L)
@@ -55,9 +55,7 @@ def sequence_logprobs(model, ids: list[int], spans: list[tuple[int, int]], *, te
     hidden = trunk(input_ids=input_ids).last_hidden_state[0, predicting]  # (S, hidden), after the final norm
     pieces = []
     for start in range(0, len(scored), chunk_size):
-        logits = lm_head(hidden[start : start + chunk_size]).float()  # (s, vocab)
-        if temperature > 0 and temperature != 1.0:
-            logits = logits / temperature
+        logits = with_temperature(lm_head(hidden[start : start + chunk_size]).float(), temperature)  # (s, vocab)
         if allowed is not None:
             rows = [allowed[k] for k in scored[start : start + chunk_size]]
             if any(r is not None for r in rows):
@@ -91,8 +89,7 @@ def forward_passes(episode: Episode, *, with_tips: bool, packed: bool = True
 def pass_allowed(episode: Episode, spans_per_pass: list[list[tuple[int, int]]]
                  ) -> list[list[tuple[int, ...] | None] | None]:
     """The allowed sets of each forward pass's action tokens (None for a pass of free-text turns only)."""
-    per_token = [allowed for turn in episode.turns
-                 for allowed in turn.allowed_sets()]
+    per_token = [allowed for turn in episode.turns for allowed in turn.allowed_sets()]
     result, first = [], 0
     for spans in spans_per_pass:
         count = sum(end - start for start, end in spans)

@@ -27,34 +27,9 @@ mini-batch's action tokens.
 
 from __future__ import annotations
 
-import enum
-
 import torch
 
-class Mode(enum.IntEnum):
-    """An episode's mode: how it is played and in which context the update scores it (the table above)."""
-
-    PLAIN = 0
-    MEMORY_ON_POLICY = 1
-    OFF_POLICY = 2
-
-    @property
-    def sampled_with_tips(self) -> bool:
-        """The behaviour column: the episode acts with tips shown, and θ_old scores it with them."""
-        return self is not Mode.PLAIN
-
-    @property
-    def trained_with_tips(self) -> bool:
-        """The update column: π_θ scores the episode's tokens with its tips in context."""
-        return self is Mode.MEMORY_ON_POLICY
-
-    @property
-    def label(self) -> str:
-        return {Mode.PLAIN: "plain", Mode.MEMORY_ON_POLICY: "memory_on", Mode.OFF_POLICY: "off_policy"}[self]
-
-
-PLAIN, MEMORY_ON_POLICY, OFF_POLICY = Mode
-MODE_NAMES = {mode: mode.label for mode in Mode}
+from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN
 
 DELTA_MODES = ("token", "sequence", "none")
 
@@ -91,6 +66,7 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_beta: float = 0.0,
     normalizer: float | None = None,
+    return_sums: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss over the (T,) action tokens of a mini-batch.
 
@@ -111,6 +87,8 @@ def policy_loss(
         kl_beta: weight of the k3 KL estimate exp(ref - new) - (ref - new) - 1 added per token.
         normalizer: number of tokens the summed loss is divided by; default token_mask.sum().
             Pass the whole mini-batch's token count when accumulating gradients over chunks.
+        return_sums: return the sums the metrics are made of instead (`loss_metrics` turns them into
+            metrics), so that processes holding parts of a mini-batch can add theirs up.
 
     A δ-dropped token still counts in the normalizer: the loss is a token mean over all
     action tokens of the mini-batch, dropped tokens contributing zero (plus their KL term).
@@ -161,27 +139,43 @@ def policy_loss(
         clipped = (pg_loss2 > pg_loss1).float()                               # (T,)
         dual_clipped = ((adv < 0) & (clipped_loss > dual_bound)).float()      # (T,)
         half_sq_logratio = 0.5 * logratio ** 2                                # (T,)
-        groups = {"": mask}
-        for code, name in MODE_NAMES.items():
-            in_mode = mask & (modes == code)                                  # (T,)
-            if in_mode.any():
-                groups["/" + name] = in_mode
-        values = {}
-        for suffix, real in groups.items():
+        sums = {}
+        for code, suffix in [(None, "")] + [(code, "/" + name) for code, name in MODE_NAMES.items()]:
+            real = mask if code is None else mask & (modes == code)           # (T,)
             kept = real & ~drop                                               # (T,)
-            values["tokens" + suffix] = real.sum().float()
-            values["masked_frac" + suffix] = masked_mean(drop.float(), real)
-            values["clip_frac" + suffix] = masked_mean(clipped, kept)
-            values["dual_clip_frac" + suffix] = masked_mean(dual_clipped, kept)
-            values["ratio_mean" + suffix] = masked_mean(ratio, kept)
-            values["ratio_max" + suffix] = torch.where(kept, ratio, torch.zeros_like(ratio)).max()
-            values["approx_kl" + suffix] = masked_mean(half_sq_logratio, kept)
-            values["pg_loss" + suffix] = masked_mean(pg_term, real)
+            sums |= {"tokens" + suffix: real.sum().float(), "kept" + suffix: kept.sum().float(),
+                     "dropped" + suffix: masked_sum(drop.float(), real),
+                     "clipped" + suffix: masked_sum(clipped, kept),
+                     "dual_clipped" + suffix: masked_sum(dual_clipped, kept),
+                     "ratio" + suffix: masked_sum(ratio, kept),
+                     "ratio_max" + suffix: torch.where(kept, ratio, torch.zeros_like(ratio)).max(),
+                     "half_sq_logratio" + suffix: masked_sum(half_sq_logratio, kept),
+                     "pg_loss" + suffix: masked_sum(pg_term, real)}
             if kl is not None:
-                values["kl_ref" + suffix] = masked_mean(kl, real)
-        # One device-to-host copy for all metrics.
-        numbers = torch.stack(list(values.values())).tolist()
-    return loss, dict(zip(values, numbers))
+                sums["kl_ref" + suffix] = masked_sum(kl, real)
+    return loss, (sums if return_sums else loss_metrics(sums))
+
+
+def loss_metrics(sums: dict[str, torch.Tensor]) -> dict[str, float]:
+    """`policy_loss`'s metrics from its sums (those of one process, or summed over processes; "ratio_max"
+    entries take the maximum). Means are over real tokens, or over kept ones where the docstring says so;
+    a mode without tokens is left out."""
+    values = {}
+    for suffix in [""] + ["/" + name for name in MODE_NAMES.values()]:
+        real, kept = sums["tokens" + suffix], sums["kept" + suffix]
+        if suffix and not real > 0:
+            continue
+        values["tokens" + suffix] = real
+        values["masked_frac" + suffix] = sums["dropped" + suffix] / real.clamp(min=1)
+        for name, total in (("clip_frac", "clipped"), ("dual_clip_frac", "dual_clipped"), ("ratio_mean", "ratio")):
+            values[name + suffix] = sums[total + suffix] / kept.clamp(min=1)
+        values["ratio_max" + suffix] = sums["ratio_max" + suffix]
+        values["approx_kl" + suffix] = sums["half_sq_logratio" + suffix] / kept.clamp(min=1)
+        values["pg_loss" + suffix] = sums["pg_loss" + suffix] / real.clamp(min=1)
+        if "kl_ref" + suffix in sums:
+            values["kl_ref" + suffix] = sums["kl_ref" + suffix] / real.clamp(min=1)
+    # One device-to-host copy for all metrics.
+    return dict(zip(values, torch.stack(list(values.values())).tolist()))
 
 
 def _delta_drop(new_logprobs: torch.Tensor, modes: torch.Tensor, mask: torch.Tensor,

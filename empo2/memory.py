@@ -28,7 +28,7 @@ from typing import Sequence
 import faiss
 import numpy as np
 
-from empo2.runs import write_atomic
+from empo2.runs import write_atomic, write_json_atomic, write_text_atomic
 
 _ENTRIES_FILE = "entries.jsonl"
 _KEYS_FILE = "keys.npy"
@@ -150,33 +150,16 @@ class TipMemory:
     def retrieve(self, query: np.ndarray, scope: str = "") -> list[MemoryEntry]:
         """Tips of `scope` whose key has cosine similarity > threshold with `query` (dim,),
         then the top_k of those by score (ties: newer first), best score first."""
-        query = _normalised(np.asarray(query).reshape(1, -1), self.dim, "query")
-        return self._search(query, [scope])[0]
-
-    def retrieve_batch(self, queries: np.ndarray, scopes: Sequence[str]) -> list[list[MemoryEntry]]:
-        """`retrieve` for each row of `queries` (b, dim) in the matching scope of `scopes`."""
-        queries = _normalised(queries, self.dim, "queries")
-        if len(scopes) != len(queries):
-            raise ValueError(f"scopes must have one value per query ({len(queries)}), got {len(scopes)}")
-        return self._search(queries, scopes)
-
-    def _search(self, queries: np.ndarray, scopes: Sequence[str]) -> list[list[MemoryEntry]]:
-        results: list[list[MemoryEntry]] = [[] for _ in scopes]
-        rows_by_scope: dict[str, list[int]] = {}
-        for row, scope in enumerate(scopes):
-            rows_by_scope.setdefault(scope, []).append(row)
-        for scope, rows in rows_by_scope.items():
-            bucket = self._scopes.get(scope)
-            if bucket is None or not bucket.entries:
-                continue
-            # The memory is small, so search every key and filter afterwards.
-            similarities, positions = bucket.index.search(queries[rows], len(bucket.entries))
-            for row, sims, pos in zip(rows, similarities, positions):
-                candidates = [bucket.entries[p] for s, p in zip(sims, pos)
-                              if p >= 0 and s > self.similarity_threshold]
-                candidates.sort(key=lambda e: (e.score, e.counter), reverse=True)
-                results[row] = candidates[: self.top_k]
-        return results
+        query = _normalised(np.asarray(query).reshape(1, -1), self.dim, "query")  # (1, dim)
+        bucket = self._scopes.get(scope)
+        if bucket is None or not bucket.entries:
+            return []
+        # The memory is small, so search every key and filter afterwards.
+        similarities, positions = bucket.index.search(query, len(bucket.entries))  # (1, n) each
+        candidates = [bucket.entries[p] for s, p in zip(similarities[0], positions[0])
+                      if p >= 0 and s > self.similarity_threshold]
+        candidates.sort(key=lambda e: (e.score, e.counter), reverse=True)
+        return candidates[: self.top_k]
 
     def __len__(self) -> int:
         """Number of entries over all scopes."""
@@ -189,10 +172,6 @@ class TipMemory:
             return list(bucket.entries) if bucket is not None else []
         every = [e for bucket in self._scopes.values() for e in bucket.entries]
         return sorted(every, key=lambda e: e.counter)
-
-    def scopes(self) -> list[str]:
-        """Names of the scopes holding at least one entry, in order of first use."""
-        return [name for name, bucket in self._scopes.items() if bucket.entries]
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write entries.jsonl, keys.npy and meta.json into `directory`.
@@ -212,9 +191,9 @@ class TipMemory:
         )
         meta = {"dim": self.dim, "capacity": self.capacity, "similarity_threshold": self.similarity_threshold,
                 "top_k": self.top_k, "next_counter": self._next_counter, "num_entries": len(every)}
-        write_atomic(directory / _ENTRIES_FILE, lambda f: f.write(lines.encode("utf-8")))
+        write_text_atomic(directory / _ENTRIES_FILE, lines)
         write_atomic(directory / _KEYS_FILE, lambda f: np.save(f, keys.astype(np.float32)))
-        write_atomic(directory / _META_FILE, lambda f: f.write(json.dumps(meta, indent=2).encode("utf-8")))
+        write_json_atomic(directory / _META_FILE, meta)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "TipMemory":

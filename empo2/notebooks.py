@@ -27,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from empo2 import ROOT
+
 NOTEBOOKS = ROOT / "notebooks"
 
 

@@ -15,95 +15,21 @@ batched over the group and reusing the group's KV cache.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from empo2.chat import ChatFormat, Message, format_tip_block
 from empo2.constrained import FREE_TEXT, ActionEncoder, TemplateConstraint, action_text
+from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, Episode, Mode, Turn
 from empo2.generation import GroupGenerator
-from empo2.loss import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, Mode
 from empo2.prompts import (CONSTRAINED_TIP_PROMPT, SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, extract_action,
                            memory_content, single_turn_prompt, tip_template)
-
-
-@dataclass
-class Turn:
-    """One agent step: what the policy saw, what it sampled, what happened."""
-
-    prompt_ids: list[int]
-    """Behaviour context: the conversation so far, with tips where they were shown."""
-    prompt_ids_tip_free: list[int]
-    """The same conversation with every tip block removed (token level)."""
-    response_ids: list[int]
-    behaviour_logprobs: list[float]
-    response_allowed: list[tuple[int, ...] | None] | None
-    """Constrained decoding: per response token, the ids allowed when it was sampled; None: free text."""
-    raw_action: str
-    executed_action: str
-    observation: str
-    reward: float
-    score: float
-    tips_shown: list[str] = field(default_factory=list)
-    state_text: str = ""
-    """State in which the action was taken (memory key, novelty)."""
-    intrinsic_reward: float = 0.0
-    state_embedding: np.ndarray | None = field(default=None, repr=False)
-    """Embedding of `state_text` when the rollout computed one (reused as the memory key)."""
-
-    def allowed_sets(self) -> list[tuple[int, ...] | None]:
-        """Per response token: the ids allowed when it was sampled (None: any token)."""
-        return self.response_allowed or [None] * len(self.response_ids)
-
-
-@dataclass
-class Episode:
-    """One episode of one task variation, with everything the update needs."""
-
-    env_name: str
-    task: str
-    variation: int
-    mode: Mode
-    """PLAIN, MEMORY_ON_POLICY or OFF_POLICY (see empo2.loss)."""
-    messages: list[Message] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
-    score: float = 0.0
-    """Final environment score, in [-100, 100] for ScienceWorld."""
-    done: bool = False
-    truncated: bool = False
-    tip: str = ""
-    tip_ids: list[int] = field(default_factory=list)
-    """The tip's sampled token ids (its text is their decoding)."""
-    tip_cut: bool = False
-    """A free-text tip that the `tip_tokens` budget ended before the policy did."""
-    seen_actions: dict[str, None] = field(default_factory=dict)
-    """Constrained tips: the admissible actions of the states it acted in, in order (a constrained tip's slots)."""
-    env_restarts: int = 0
-
-    @property
-    def sampled_with_tips(self) -> bool:
-        """Acted with tips shown (memory-on-policy and off-policy); θ_old scores it with them."""
-        return Mode(self.mode).sampled_with_tips
-
-    @property
-    def trained_with_tips(self) -> bool:
-        """Scored by π_θ with its tips in context (memory-on-policy only; off-policy drops them)."""
-        return Mode(self.mode).trained_with_tips
-
-    @property
-    def mode_name(self) -> str:
-        return Mode(self.mode).label
-
-    @property
-    def intrinsic_return(self) -> float:
-        return float(sum(turn.intrinsic_reward for turn in self.turns))
-
-    @property
-    def success(self) -> bool:
-        return self.score >= 100.0
+from empo2.vllm_engine import VLLMEngine
 
 
 def draw_modes(n: int, p: float, q: float, rng: np.random.Generator, per_iteration: bool = False) -> list[Mode]:
@@ -135,13 +61,24 @@ class RolloutTimer:
     def as_dict(self) -> dict[str, float]:
         return {f"time/{k}": v for k, v in self.__dict__.items()}
 
+    @contextlib.contextmanager
+    def measure(self, *parts: str):
+        """Add the seconds the block takes to each of `parts`."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            for part in parts:
+                setattr(self, part, getattr(self, part) + elapsed)
+
 
 class Roller:
     """Runs group rollouts with one policy; holds what stays fixed between groups."""
 
     def __init__(self, model, tokenizer, *, env_name: str, response_tokens: int, tip_tokens: int,
                  embedder=None, memory=None, novelty=None, reuse_cache: bool = True,
-                 generator: torch.Generator | None = None, memory_scope: str = "variation",
+                 sampling_rng: torch.Generator | None = None, memory_scope: str = "variation",
                  prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True,
                  action_decoding: str = "free", parallel_envs: bool = True, cache_layout: str = "ragged",
                  engine=None, repeat_tips: bool = True, tip_decoding: str = "free"):
@@ -155,7 +92,8 @@ class Roller:
         self.memory = memory
         self.novelty = novelty
         self.reuse_cache = reuse_cache
-        self.generator = generator
+        self.sampling_rng = sampling_rng
+        """The random number generator the rollouts sample tokens from (None: torch's global one)."""
         self.memory_scope = memory_scope
         if prompt_style not in ("chat", "single_turn"):
             raise ValueError(f"prompt_style: {prompt_style!r} is not allowed; choose chat or single_turn")
@@ -184,13 +122,13 @@ class Roller:
 
     @classmethod
     def from_config(cls, cfg, model, tokenizer, *, embedder=None, memory=None, novelty=None,
-                    generator: torch.Generator | None = None, memory_scope: str | None = None) -> "Roller":
+                    sampling_rng: torch.Generator | None = None, memory_scope: str | None = None) -> "Roller":
         """The roller an `EMPO2Config` describes: the one way the trainer, adaptation, notebooks and CLI build one."""
         return cls(model, tokenizer, env_name=cfg.env, response_tokens=cfg.response_tokens, tip_tokens=cfg.tip_tokens,
-                   embedder=embedder, memory=memory, novelty=novelty, reuse_cache=cfg.reuse_cache, generator=generator,
+                   embedder=embedder, memory=memory, novelty=novelty, reuse_cache=cfg.reuse_cache, sampling_rng=sampling_rng,
                    memory_scope=memory_scope or cfg.memory_scope, prompt_style=cfg.prompt_style,
                    history_turns=cfg.history_turns, think_first=cfg.think_first, action_decoding=cfg.action_decoding,
-                   engine=_vllm_engine(cfg, tokenizer) if cfg.rollout_engine == "vllm" else None,
+                   engine=VLLMEngine.from_config(cfg, tokenizer) if cfg.rollout_engine == "vllm" else None,
                    repeat_tips=cfg.repeat_tips, tip_decoding=cfg.tip_decoding)
 
     def scope(self, task: str, variation: int) -> str:
@@ -221,7 +159,7 @@ class Roller:
             generator = self.engine.generator(self.model, n, temperature=temperature)
         else:
             generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=reuse_cache,
-                                       temperature=temperature, generator=self.generator, layout=self.cache_layout)
+                                       temperature=temperature, sampling_rng=self.sampling_rng, layout=self.cache_layout)
         self.last_generator = generator
         needs_memory = any(mode != PLAIN for mode in modes)
         if needs_memory and (self.memory is None or self.embedder is None):
@@ -232,115 +170,80 @@ class Roller:
         needs_embeddings = needs_memory or use_novelty or (write_tips and self.embedder is not None)
 
         episodes, observations, infos = [], [], []  # infos: the latest info dict of each episode
-        start = time.perf_counter()
-        for (observation, info), env, variation, mode in zip(
-                call_each(envs, [(env.reset, variation) for env, variation in zip(envs, variations)],
-                          parallel=self.parallel_envs),
-                envs, variations, modes):
-            episodes.append(Episode(self.env_name, env.task_name, variation, mode))
-            observations.append(observation)
-            infos.append(info)
-        self.timer.environment += time.perf_counter() - start
+        with self.timer.measure("environment"):
+            for (observation, info), env, variation, mode in zip(
+                    call_each(envs, [(env.reset, variation) for env, variation in zip(envs, variations)],
+                              parallel=self.parallel_envs),
+                    envs, variations, modes):
+                episodes.append(Episode(self.env_name, env.task_name, variation, mode))
+                observations.append(observation)
+                infos.append(info)
         max_steps = envs[0].max_steps
         states = [info.get("state_text", obs) for info, obs in zip(infos, observations)]
         embeddings = self._timed_embed(states, needs_embeddings, memory_part=needs_memory)
 
-        shown_tips: dict[int, list[str]] = {}
-        task_descriptions: list[str] = []
+        shown_tips: dict[int, list[str]] = {}  # episode -> the tips shown in the turn about to be answered
+        task_descriptions = [info.get("task_description", "") for info in infos]
         histories: list[list[tuple[str, str]]] = [[] for _ in range(n)]  # (action, observation) per episode
         for i, episode in enumerate(episodes):
-            tips = self._retrieve(episode, embeddings, i)
-            task_descriptions.append(infos[i].get("task_description", ""))
-            if self.prompt_style == "chat":
-                text = envs[i].first_turn_text(task_descriptions[i], observations[i], infos[i])
-                episode.messages = [Message("system", SYSTEM_PROMPT), Message("user", text, tips=_block(tips))]
-            else:
-                text = single_turn_prompt(task_descriptions[i], 1, [], observations[i], infos[i],
-                                          think_first=self.think_first)
-                episode.messages = [Message("system", SINGLE_TURN_SYSTEM), Message("user", text, tips=_block(tips))]
-            shown_tips[i] = tips  # shown in the turn about to be answered
+            shown_tips[i] = self._retrieve(episode, embeddings, i)
+            self._show_state(episode, envs[i], 1, max_steps, task_descriptions[i], histories[i], observations[i],
+                             infos[i], shown_tips[i])
 
         active = list(range(n))
         step = 0
         while active:
             step += 1
             rendered = {i: self.chat.render(episodes[i].messages, add_generation_prompt=True) for i in active}
-            start = time.perf_counter()
-            if self.tip_texts is not None:
-                for i in active:
-                    episodes[i].seen_actions.update(
-                        dict.fromkeys(a for a in infos[i].get("valid_actions", []) if not a.endswith(FREE_TEXT)))
-            constraints = None
-            if self.actions is not None:
-                constraints = {i: self.actions.constraint(infos[i]["valid_actions"], self.response_tokens,
-                                                          infos[i].get("query_words"))
-                               for i in active}
-            responses = generator.generate({i: r.ids() for i, r in rendered.items()}, self.response_tokens,
-                                           constraints)
-            self.timer.generation += time.perf_counter() - start
-
-            start = time.perf_counter()
-            actions = []
-            for i in active:
-                text = self.tokenizer.decode(responses[i].ids, skip_special_tokens=True)
+            with self.timer.measure("generation"):
+                if self.tip_texts is not None:
+                    for i in active:
+                        episodes[i].seen_actions.update(
+                            dict.fromkeys(a for a in infos[i].get("valid_actions", []) if not a.endswith(FREE_TEXT)))
+                constraints = None
                 if self.actions is not None:
-                    text = action_text(text)
-                actions.append((envs[i].step, text if self.prompt_style == "chat" else extract_action(text)))
-            results = dict(zip(active, call_each([envs[i] for i in active], actions, parallel=self.parallel_envs)))
-            for i in active:
-                infos[i] = results[i].info
-            self.timer.environment += time.perf_counter() - start
+                    constraints = {i: self.actions.constraint(infos[i]["valid_actions"], self.response_tokens,
+                                                              infos[i].get("query_words"))
+                                   for i in active}
+                responses = generator.generate({i: r.ids() for i, r in rendered.items()}, self.response_tokens,
+                                               constraints)
+
+            with self.timer.measure("environment"):
+                actions = []
+                for i in active:
+                    text = self.tokenizer.decode(responses[i].ids, skip_special_tokens=True)
+                    if self.actions is not None:
+                        text = action_text(text)
+                    actions.append((envs[i].step, text if self.prompt_style == "chat" else extract_action(text)))
+                results = dict(zip(active, call_each([envs[i] for i in active], actions, parallel=self.parallel_envs)))
+                for i in active:
+                    infos[i] = results[i].info
 
             for i in active:
-                response = responses[i]
-                result, episode = results[i], episodes[i]
-                episode.turns.append(Turn(
-                    prompt_ids=rendered[i].ids(with_tips=True),
-                    prompt_ids_tip_free=rendered[i].ids(with_tips=False),
-                    response_ids=response.ids, behaviour_logprobs=response.logprobs,
-                    response_allowed=response.allowed,
-                    raw_action=result.info.get("raw_action", ""),
-                    executed_action=result.info.get("executed_action") or "",
-                    observation=result.observation, reward=result.reward, score=result.score,
-                    tips_shown=shown_tips[i], state_text=states[i],
-                    state_embedding=None if embeddings is None else embeddings[i].copy(),
-                ))
-                episode.messages.append(Message("assistant", ids=response.ids))
-                histories[i].append((result.info.get("executed_action") or result.info.get("raw_action", ""),
-                                     result.observation))
-                episode.score = result.score
-                episode.env_restarts += int(bool(result.info.get("env_restarted")))
-                if result.done:
-                    episode.done, episode.truncated = True, result.truncated
-                states[i] = result.info.get("state_text", result.observation)
+                _record_turn(episodes[i], rendered[i], responses[i], results[i], shown_tips[i], states[i],
+                             None if embeddings is None else embeddings[i].copy())
+                histories[i].append((results[i].info.get("executed_action") or results[i].info.get("raw_action", ""),
+                                     results[i].observation))
+                states[i] = results[i].info.get("state_text", results[i].observation)
 
             new_embeddings = self._timed_embed([states[i] for i in active], needs_embeddings, memory_part=needs_memory)
             if use_novelty:
-                start = time.perf_counter()
-                rewards = self.novelty.visit(
-                    new_embeddings, [self.scope(episodes[i].task, episodes[i].variation) for i in active]
-                )
-                for reward, i in zip(rewards, active):
-                    episodes[i].turns[-1].intrinsic_reward = float(reward)
-                self.timer.novelty += time.perf_counter() - start
+                with self.timer.measure("novelty"):
+                    rewards = self.novelty.visit(
+                        new_embeddings, [self.scope(episodes[i].task, episodes[i].variation) for i in active]
+                    )
+                    for reward, i in zip(rewards, active):
+                        episodes[i].turns[-1].intrinsic_reward = float(reward)
             if new_embeddings is not None:
                 embeddings[active] = new_embeddings
 
             still_active = []
             for i in active:
-                episode = episodes[i]
-                if episode.done:
+                if episodes[i].done:
                     continue
-                tips = self._retrieve(episode, embeddings, i)
-                if self.prompt_style == "chat":
-                    text = envs[i].next_turn_text(results[i].observation, results[i].info, step + 1, max_steps)
-                    episode.messages.append(Message("user", text, tips=_block(tips)))
-                else:
-                    recent = histories[i][-self.history_turns :] if self.history_turns else []
-                    text = single_turn_prompt(task_descriptions[i], step + 1, recent, results[i].observation,
-                                              results[i].info, think_first=self.think_first)
-                    episode.messages = [Message("system", SINGLE_TURN_SYSTEM), Message("user", text, tips=_block(tips))]
-                shown_tips[i] = tips
+                shown_tips[i] = self._retrieve(episodes[i], embeddings, i)
+                self._show_state(episodes[i], envs[i], step + 1, max_steps, task_descriptions[i], histories[i],
+                                 results[i].observation, results[i].info, shown_tips[i])
                 still_active.append(i)
             if progress is not None:
                 progress.update(len(active) - len(still_active))  # episodes finished
@@ -349,32 +252,41 @@ class Roller:
             active = still_active
 
         if write_tips:
-            start = time.perf_counter()
-            self._write_tips(episodes, generator)
-            self.timer.memory += time.perf_counter() - start
-            self.timer.tip_writing += time.perf_counter() - start
+            with self.timer.measure("memory", "tip_writing"):
+                self._write_tips(episodes, generator)
         self.model.train(model_was_training)
         return episodes
+
+    def _show_state(self, episode: Episode, env, step: int, max_steps: int, task_description: str,
+                    history: list[tuple[str, str]], observation: str, info: dict, tips: list[str]) -> None:
+        """Write the state the policy answers at `step` (from 1) into the episode's conversation, with `tips`:
+        the chat grows by one user turn (the first after the system prompt); a single-turn prompt is
+        rewritten with the task, the last `history_turns` (action, observation) pairs and the observation."""
+        block = _block(tips)
+        if self.prompt_style == "chat":
+            if step == 1:
+                episode.messages = [Message("system", SYSTEM_PROMPT),
+                                    Message("user", env.first_turn_text(task_description, observation, info),
+                                            tips=block)]
+            else:
+                episode.messages.append(Message("user", env.next_turn_text(observation, info, step, max_steps),
+                                                tips=block))
+            return
+        recent = history[-self.history_turns :] if self.history_turns else []
+        text = single_turn_prompt(task_description, step, recent, observation, info, think_first=self.think_first)
+        episode.messages = [Message("system", SINGLE_TURN_SYSTEM), Message("user", text, tips=block)]
 
     def _timed_embed(self, texts, needed: bool, memory_part: bool):
         if not needed:
             return None
-        start = time.perf_counter()
-        vectors = self._embed(texts)
-        elapsed = time.perf_counter() - start
-        if memory_part:
-            self.timer.memory += elapsed
-        else:
-            self.timer.novelty += elapsed
-        return vectors
+        with self.timer.measure("memory" if memory_part else "novelty"):
+            return self._embed(texts)
 
     def _retrieve(self, episode: Episode, embeddings, i: int) -> list[str]:
         if not episode.sampled_with_tips:
             return []
-        start = time.perf_counter()
-        tips = self._tips_for(episode, embeddings[i])
-        self.timer.memory += time.perf_counter() - start
-        return tips
+        with self.timer.measure("memory"):
+            return self._tips_for(episode, embeddings[i])
 
     def _write_tips(self, episodes: list[Episode], generator: GroupGenerator) -> None:
         """Ask the policy for one tip per episode, in one batched call over the group: free text, or the
@@ -411,17 +323,27 @@ class Roller:
 
     def store_tips(self, episodes: list[Episode]) -> int:
         """Add each episode's tip to memory, keyed by every state it acted in. Returns entries added."""
-        start = time.perf_counter()
-        entries = self.tip_entries(episodes)
-        added = self.memory.add_many(*entries) if entries else 0
-        self.timer.memory += time.perf_counter() - start
-        return added
+        with self.timer.measure("memory"):
+            entries = self.tip_entries(episodes)
+            return self.memory.add_many(*entries) if entries else 0
 
 
-def _vllm_engine(cfg, tokenizer):
-    from empo2.vllm_engine import VLLMEngine
-
-    return VLLMEngine.from_config(cfg, tokenizer)
+def _record_turn(episode: Episode, rendered, response, result, tips_shown: list[str], state_text: str,
+                 state_embedding: np.ndarray | None) -> None:
+    """Append the step just played to the episode: its `Turn`, the policy's answer in the conversation, the
+    score so far and whether it ended."""
+    episode.turns.append(Turn(
+        prompt_ids=rendered.ids(with_tips=True), prompt_ids_tip_free=rendered.ids(with_tips=False),
+        response_ids=response.ids, behaviour_logprobs=response.logprobs, response_allowed=response.allowed,
+        raw_action=result.info.get("raw_action", ""), executed_action=result.info.get("executed_action") or "",
+        observation=result.observation, reward=result.reward, score=result.score,
+        tips_shown=tips_shown, state_text=state_text, state_embedding=state_embedding,
+    ))
+    episode.messages.append(Message("assistant", ids=response.ids))
+    episode.score = result.score
+    episode.env_restarts += int(bool(result.info.get("env_restarted")))
+    if result.done:
+        episode.done, episode.truncated = True, result.truncated
 
 
 def call_each(envs, calls: list[tuple], *, parallel: bool = True) -> list:

@@ -32,11 +32,7 @@ def seed_bootstrap_interval(per_seed: list, *, level: float = 0.95, resamples: i
     if not groups:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    means = np.empty(resamples)
-    for r in range(resamples):
-        chosen = rng.integers(0, len(groups), size=len(groups))
-        means[r] = np.mean([groups[c][rng.integers(0, len(groups[c]), size=len(groups[c]))].mean()
-                            for c in chosen])
+    means = np.array([_resampled_mean(groups, rng) for _ in range(resamples)])  # (resamples,)
     tail = (1 - level) / 2
     return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
 
@@ -50,12 +46,13 @@ def seed_bootstrap_difference(per_seed_a: list, per_seed_b: list, *, level: floa
     if not a or not b:
         return float("nan"), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-
-    def resample(groups):
-        chosen = rng.integers(0, len(groups), size=len(groups))
-        return np.mean([groups[c][rng.integers(0, len(groups[c]), size=len(groups[c]))].mean() for c in chosen])
-
-    differences = np.array([resample(a) - resample(b) for _ in range(resamples)])  # (resamples,)
+    differences = np.array([_resampled_mean(a, rng) - _resampled_mean(b, rng) for _ in range(resamples)])  # (resamples,)
     tail = (1 - level) / 2
     observed = float(np.mean([g.mean() for g in a]) - np.mean([g.mean() for g in b]))
     return observed, float(np.quantile(differences, tail)), float(np.quantile(differences, 1 - tail))
+
+
+def _resampled_mean(groups: list[np.ndarray], rng: np.random.Generator) -> float:
+    """One two-level bootstrap draw: seeds resampled, then each chosen seed's episodes; the mean of their means."""
+    chosen = rng.integers(0, len(groups), size=len(groups))
+    return float(np.mean([groups[c][rng.integers(0, len(groups[c]), size=len(groups[c]))].mean() for c in chosen]))

@@ -1,18 +1,19 @@
 """The EMPO² trainer. GRPO is the same trainer with p = 0.
 
-One iteration, top to bottom (`Trainer.train_iteration`):
+One iteration, top to bottom (`Trainer.train_iteration`, one call per step):
 
-    1. sample `groups_per_iteration` training variations of the task
-    2. per variation: draw each rollout's mode (memory with prob. p; off-policy with prob. q)
-       and play a group of `group_size` episodes in lock-step     (empo2.rollout)
-    3. the policy writes one tip per episode; after all groups, the tips go to memory and
-       the visited states to the novelty store, in group order      (empo2.memory, empo2.novelty)
-    4. returns = final score + intrinsic novelty reward;
-       GRPO advantages within each group                              (empo2.advantages)
-    5. the update: θ_old log-probs with tips where shown, then `ppo_epochs`
-       passes of clipped updates where each mode scores its actions in its
-       own context: plain / with tips / tip-free                    (empo2.update, empo2.loss)
-    6. every `eval_every` iterations: evaluate WITHOUT memory on test variations
+    1. draw_groups     `groups_per_iteration` training variations of the task, and each rollout's mode
+                       (memory with prob. p; off-policy with prob. q)               (empo2.rollout.draw_modes)
+    2. play_groups     per variation, a group of `group_size` episodes in lock-step  (empo2.rollout)
+    3.                 the policy writes one tip per episode                          (Roller.run, write_tips)
+    4.                 return = final score + intrinsic novelty reward; GRPO advantages within
+                       each group                                                     (empo2.advantages)
+    5. remember        after all groups, the tips go to memory and the visited states to the
+                       novelty store, in group order                                  (empo2.memory, empo2.novelty)
+    6. update_policy   θ_old log-probs with tips where shown, then `ppo_epochs` passes of clipped updates
+                       where each mode scores its actions in its own context: plain / with tips /
+                       tip-free                                                       (empo2.update, empo2.loss)
+    7. evaluate        every `eval_every` iterations, WITHOUT memory on test variations (`Trainer.train`)
 
 Launched as several processes (torchrun / accelerate launch), each plays its share of the groups
 and the update sums their gradients: the same run as one process (empo2.distributed).
@@ -43,14 +44,14 @@ from empo2.advantages import grpo_advantages
 from empo2.config import EMPO2Config
 from empo2.distributed import Processes, group_seed
 from empo2.envs import env_from_config
-from empo2.loss import MEMORY_ON_POLICY, MODE_NAMES, PLAIN
+from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, PLAIN, Episode, Mode
 from empo2.memory import TipMemory
 from empo2.models import Embedder, load_policy, load_trained_weights
 from empo2.novelty import GroupNovelty, NoveltyStore, replay
 from empo2.rollout import Roller, RolloutTimer, draw_modes
 from empo2.runs import FINAL_WEIGHTS, RunError, RunFolder, episode_row, provenance, read_rows
 from empo2.stats import bootstrap_interval
-from empo2.update import PolicyUpdate, decision_tokens
+from empo2.update import PolicyUpdate
 
 
 class Trainer:
@@ -82,7 +83,7 @@ class Trainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
-        self.sampler = torch.Generator().manual_seed(cfg.seed)
+        self.sampling_rng = torch.Generator().manual_seed(cfg.seed)
 
         self.full_finetune = cfg.trains_weights and cfg.lora_rank == 0
         self.model, self.tokenizer = load_policy(
@@ -110,7 +111,7 @@ class Trainer:
         self.train_variations = list(self.envs[0].train_variations)[: cfg.n_train_variations]
         self.test_variations = list(self.envs[0].test_variations)[: cfg.eval_variations or cfg.n_test_variations]
         self.roller = Roller.from_config(cfg, self.model, self.tokenizer, embedder=self.embedder, memory=self.memory,
-                                         novelty=self.novelty, generator=self.sampler)
+                                         novelty=self.novelty, sampling_rng=self.sampling_rng)
         self.folder.start({"config": cfg.to_dict(), **provenance()}, fresh=checkpoint is None)
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
@@ -163,22 +164,42 @@ class Trainer:
         return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
 
     def train_iteration(self) -> dict:
-        cfg = self.cfg
+        """One iteration, in order; returns its metrics."""
         started = time.perf_counter()
         self.roller.timer = RolloutTimer()  # per-iteration timings
+        variations, modes = self.draw_groups()                 # 1. the groups' variations and modes
+        groups, played = self.play_groups(variations, modes)   # 2-4. rollouts, tips, advantages (this process's)
+        tips_added = self.remember(played)                     # 5. tips into memory, visits into novelty
+        rollout_seconds = time.perf_counter() - started
+        update_started = time.perf_counter()
+        update_metrics = self.update_policy(groups, played)    # 6. the update
+        self.iteration += 1
+        rows = self.record(played)
+        return {**self.iteration_metrics(rows, tips_added), "time/rollout": rollout_seconds,
+                "time/update": time.perf_counter() - update_started, "time/iteration": time.perf_counter() - started,
+                **self.roller.timer.as_dict(), **update_metrics}
 
-        # 1-3. modes, group rollouts (this process's share), tips
+    def draw_groups(self) -> tuple[np.ndarray, list[Mode]]:
+        """The iteration's training variations (one per group) and every episode's mode, drawn on every process."""
+        cfg = self.cfg
         replace = cfg.groups_per_iteration > len(self.train_variations)
         variations = self.rng.choice(self.train_variations, size=cfg.groups_per_iteration, replace=replace)
         modes = draw_modes(cfg.group_size * cfg.groups_per_iteration, cfg.rollout_p, cfg.rollout_q,
                            self.rng, per_iteration=cfg.mode_granularity == "iteration")
-        mine = self.processes.mine(len(variations))
+        return variations, modes
+
+    def play_groups(self, variations: np.ndarray, modes: list[Mode]) -> tuple[dict[int, list[Episode]], dict]:
+        """Play this process's groups (each from its own seed, against the novelty store as of the iteration's
+        start) and write their tips; their GRPO advantages on return = score + intrinsic reward. Returns the
+        episodes by group, and every group's records (advantages, decision counts, rows, tips, novelty visits)
+        gathered from all processes."""
+        cfg = self.cfg
         groups, played = {}, {}
+        mine = self.processes.mine(len(variations))
         bar = tqdm(total=cfg.group_size * len(mine), desc=f"iteration {self.iteration + 1} episodes",
                    leave=False, disable=not self.show_progress)
         for g in mine:
-            self.sampler.manual_seed(group_seed(cfg.seed, self.iteration, g))
-            # The novelty store as of the iteration's start; its visits are replayed on it after all groups.
+            self.sampling_rng.manual_seed(group_seed(cfg.seed, self.iteration, g))
             novelty = self.roller.novelty = GroupNovelty(self.novelty) if cfg.uses_novelty else None
             with self.precision():
                 group = self.roller.run(
@@ -186,37 +207,47 @@ class Trainer:
                     temperature=cfg.temperature, write_tips=cfg.writes_tips, use_novelty=cfg.uses_novelty,
                     progress=bar,
                 )
-            returns = torch.tensor([e.score + e.intrinsic_return for e in group])  # (group_size,)
-            advantages = grpo_advantages(returns)  # (group_size,)  4. group-relative advantages
+            advantages = grpo_advantages(torch.tensor([e.total_return for e in group]))  # (group_size,)
             groups[g] = group
-            played[g] = {"advantages": advantages, "decisions": [decision_tokens(e) for e in group],
+            played[g] = {"advantages": advantages, "decisions": [e.decision_count() for e in group],
                          "rows": [episode_row(e, self.iteration + 1, "train", float(a)) for e, a in zip(group, advantages)],
                          "tips": self.roller.tip_entries(group) if cfg.writes_tips else None,
                          "visits": novelty.visits if novelty else []}
         bar.close()
         self.roller.novelty = self.novelty
-        played = self.processes.gather(played)  # every group's records, on every process
-        memory_started, tips_added = time.perf_counter(), 0
+        return groups, self.processes.gather(played)
+
+    def remember(self, played: dict) -> int:
+        """Every group's tips into the memory and its visited states into the novelty store, in group order
+        (the same on every process). Returns the number of memory entries added."""
+        started, added = time.perf_counter(), 0
         for g in sorted(played):
             if played[g]["tips"]:
-                tips_added += self.memory.add_many(*played[g]["tips"])
+                added += self.memory.add_many(*played[g]["tips"])
             replay(played[g]["visits"], self.novelty)
-        self.roller.timer.memory += time.perf_counter() - memory_started
-        rollout_seconds = time.perf_counter() - started
+        self.roller.timer.memory += time.perf_counter() - started
+        return added
 
-        # 5. the update, over the iteration's episodes in group order (None: played by another process)
-        episodes = [e for g in sorted(played) for e in groups.get(g, [None] * cfg.group_size)]
-        advantages = torch.cat([played[g]["advantages"] for g in sorted(played)])  # (n_episodes,)
-        decisions = [n for g in sorted(played) for n in played[g]["decisions"]]
-        update_started = time.perf_counter()
-        update_metrics = self.update(episodes, advantages, decisions) if self.update is not None else {}
-        self.iteration += 1
+    def update_policy(self, groups: dict[int, list[Episode]], played: dict) -> dict:
+        """The update over the iteration's episodes in group order (None where another process played them)."""
+        if self.update is None:
+            return {}
+        order = sorted(played)
+        episodes = [e for g in order for e in groups.get(g, [None] * self.cfg.group_size)]
+        advantages = torch.cat([played[g]["advantages"] for g in order])  # (n_episodes,)
+        return self.update(episodes, advantages, [n for g in order for n in played[g]["decisions"]])
 
+    def record(self, played: dict) -> list[dict]:
+        """Append the iteration's episodes and tips to the run's records; returns the episode rows."""
         rows = [row for g in sorted(played) for row in played[g]["rows"]]
         self.folder.append("episodes.jsonl", rows)
         self.folder.append("tips.jsonl", [{"iteration": self.iteration, "variation": r["variation"], "mode": r["mode"],
                                            "score": r["score"], "tip": r["tip"], "tip_ids": r["tip_ids"],
                                            "tip_cut": r["tip_cut"]} for r in rows if r["tip"]])
+        return rows
+
+    def iteration_metrics(self, rows: list[dict], tips_added: int) -> dict:
+        """Training scores overall and per mode, and the stores' sizes."""
         scores = np.array([r["score"] for r in rows])
         metrics = {
             "iteration": self.iteration,
@@ -228,11 +259,6 @@ class Trainer:
             "memory/size": len(self.memory),
             "memory/added": tips_added,
             "novelty/states": len(self.novelty),
-            "time/rollout": rollout_seconds,
-            "time/update": time.perf_counter() - update_started,
-            "time/iteration": time.perf_counter() - started,
-            **self.roller.timer.as_dict(),
-            **update_metrics,
         }
         for name in MODE_NAMES.values():
             chosen = [r["score"] for r in rows if r["mode"] == name]
@@ -241,7 +267,7 @@ class Trainer:
                 metrics[f"train/score/{name}"] = float(np.mean(chosen))
         return metrics
 
-    # ------------------------------------------------------------------ 6. evaluation
+    # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
         """Score the policy on the test variations, WITHOUT memory (memory_only: with it)."""
         cfg = self.cfg
@@ -254,7 +280,7 @@ class Trainer:
         bar = tqdm(total=sum(len(chunks[c]) for c in mine), desc="evaluation", leave=False,
                    disable=not self.show_progress)
         for c in mine:
-            self.sampler.manual_seed(group_seed(cfg.seed, self.iteration, c, phase="eval"))
+            self.sampling_rng.manual_seed(group_seed(cfg.seed, self.iteration, c, phase="eval"))
             with self.precision():
                 episodes = self.roller.run(self.envs, chunks[c], [mode] * len(chunks[c]),
                                            temperature=cfg.eval_temperature, progress=bar)
@@ -278,7 +304,7 @@ class Trainer:
             "numpy_global": np.random.get_state(),
             "numpy_rng": self.rng.bit_generator.state,
             "torch_global": torch.get_rng_state(),
-            "sampler": self.sampler.get_state(),
+            "sampler": self.sampling_rng.get_state(),
         }})
         optimizer = self.processes.optimizer_state(self.update.optimizer) if self.update is not None else None
         if self.processes.is_main:
@@ -308,7 +334,7 @@ class Trainer:
         np.random.set_state(generators["numpy_global"])
         self.rng.bit_generator.state = generators["numpy_rng"]
         torch.set_rng_state(generators["torch_global"])
-        self.sampler.set_state(generators["sampler"])
+        self.sampling_rng.set_state(generators["sampler"])
         self.iteration = state["iteration"]
         self.folder.drop_rows_after(self.iteration)  # rows of a run that died after this checkpoint
 

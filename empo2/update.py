@@ -25,8 +25,8 @@ import torch
 from empo2.config import EMPO2Config
 from empo2.distributed import Processes
 from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs, tokens_processed
-from empo2.loss import policy_loss
-from empo2.rollout import Episode
+from empo2.loss import loss_metrics, policy_loss
+from empo2.episode import Episode
 
 
 @dataclass
@@ -48,8 +48,7 @@ class TokenBatch:
         total = sum(lengths)
         return cls(
             advantages=torch.full((total,), float(advantage)),  # (T,)
-            mask=torch.tensor([0.0 if allowed is not None and len(allowed) == 1 else 1.0
-                               for turn in episode.turns for allowed in turn.allowed_sets()]),  # (T,)
+            mask=torch.tensor(episode.decision_mask(), dtype=torch.float32),  # (T,)
             modes=torch.full((total,), int(episode.mode), dtype=torch.long),  # (T,)
             sequence_ids=torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)),  # (T,)
             old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
@@ -77,23 +76,19 @@ class TokenBatch:
                    ref_logprobs=joined("ref_logprobs"))
 
 
-def decision_tokens(episode: Episode) -> int:
-    """Action tokens the policy chose (forced tokens of constrained decoding excluded): the loss's token count."""
-    return sum(allowed is None or len(allowed) > 1 for turn in episode.turns for allowed in turn.allowed_sets())
-
-
 class HybridLoss:
     """`empo2.loss.policy_loss` with a config's clipping, δ and KL settings bound once."""
 
     def __init__(self, cfg: EMPO2Config):
         self.settings = cfg.loss_settings
 
-    def __call__(self, new_logprobs: torch.Tensor, batch: TokenBatch, normalizer: float
-                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, new_logprobs: torch.Tensor, batch: TokenBatch, normalizer: float, return_sums: bool = False
+                 ) -> tuple[torch.Tensor, dict]:
         """Loss of the (T,) `new_logprobs` summed over the batch's tokens and divided by `normalizer`."""
         old = new_logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs  # (T,)
         return policy_loss(new_logprobs, old, batch.advantages, batch.mask, batch.modes, batch.sequence_ids,
-                           ref_logprobs=batch.ref_logprobs, normalizer=normalizer, **self.settings)
+                           ref_logprobs=batch.ref_logprobs, normalizer=normalizer, return_sums=return_sums,
+                           **self.settings)
 
 
 class PolicyUpdate:
@@ -132,36 +127,15 @@ class PolicyUpdate:
         """
         cfg = self.cfg
         if decisions is None:
-            decisions = [decision_tokens(e) for e in episodes]
+            decisions = [e.decision_count() for e in episodes]
         # Zero-advantage episodes have exactly zero policy gradient; without a KL term
         # they only count towards the token normaliser, so their forward passes are skipped.
         has_gradient = [bool(a != 0) or cfg.kl_beta > 0 for a in advantages.tolist()]
         needs_pass = [g and e is not None for g, e in zip(has_gradient, episodes)]  # ... and played here
         size = cfg.minibatch_episodes or len(episodes)
         orders = [self.rng.permutation(len(episodes)) for _ in range(cfg.ppo_epochs)]
-        # Until the first optimiser step θ_old = θ, so where θ_old and θ score the same context the first
-        # gradient pass's own values are θ_old's: no separate no-grad pass (off-policy episodes are scored
-        # with tips for θ_old and without for θ, so they always need one).
-        before_first_step = {int(i) for i in orders[0][:size]} if self.reuse_old_logprobs else set()
-        read = lambda e, with_tips: tokens_processed(e, with_tips=with_tips, packed=cfg.packed_logprobs)  # noqa: E731
-        trajectory_tokens = sum(read(e, e.trained_with_tips) for e, n in zip(episodes, needs_pass) if n)
-        tokens_read = cfg.ppo_epochs * trajectory_tokens  # the gradient passes
-
-        # 1. θ_old (and the reference policy), no gradient
-        batches: dict[int, TokenBatch] = {}
-        with torch.no_grad(), self.precision():
-            for i, episode in enumerate(episodes):
-                if not needs_pass[i]:
-                    continue
-                old = ref = None
-                if not (i in before_first_step and episode.sampled_with_tips == episode.trained_with_tips):
-                    old = self.logprobs(episode, episode.sampled_with_tips)  # (T_i,) behaviour context
-                    tokens_read += read(episode, episode.sampled_with_tips)
-                if cfg.kl_beta > 0:
-                    with self.reference_policy() as reference:
-                        ref = self.logprobs(episode, episode.trained_with_tips, reference)  # (T_i,)
-                    tokens_read += read(episode, episode.trained_with_tips)
-                batches[i] = TokenBatch.of(episode, advantages[i], old, ref).to(self.device)
+        old_from_first_pass = self.old_from_first_pass(episodes, orders[0][:size])
+        batches = self.token_batches(episodes, advantages, needs_pass, old_from_first_pass)  # 1. θ_old, reference
 
         # 2. clipped updates, each mode scored in its own context
         self.model.train()
@@ -171,30 +145,82 @@ class PolicyUpdate:
                 minibatch = [int(i) for i in order[start : start + size]]
                 normalizer = float(max(1, sum(decisions[i] for i in minibatch)))  # the whole mini-batch's tokens
                 self.optimizer.zero_grad(set_to_none=True)
-                scored = {}  # position in the mini-batch -> (new log-probs, token batch)
-                for position, i in enumerate(minibatch):
-                    if not needs_pass[i]:
-                        continue
-                    new = self.backward(episodes[i], batches[i], normalizer)  # (T_i,)
-                    if batches[i].old_logprobs is None:  # θ_old = θ here: this pass's ratio is exactly 1
-                        batches[i].old_logprobs = new
-                    scored[position] = (new, batches[i])
+                scored = []  # (new log-probs (T_i,), token batch) of the mini-batch's episodes played here
+                for i in minibatch:
+                    if needs_pass[i]:
+                        new = self.backward(episodes[i], batches[i], normalizer)  # (T_i,)
+                        if batches[i].old_logprobs is None:  # θ_old = θ here: this pass's ratio is exactly 1
+                            batches[i].old_logprobs = new
+                        scored.append((new, batches[i]))
                 self.processes.sum_gradients(self.trainable)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
                 if any(has_gradient[i] for i in minibatch):
                     self.optimizer.step()
-                    scored = self.processes.gather({p: (n.cpu(), b.to("cpu")) for p, (n, b) in scored.items()})
-                    with torch.no_grad():
-                        loss, metrics = self.loss(torch.cat([scored[p][0] for p in sorted(scored)]),
-                                                  TokenBatch.cat([scored[p][1] for p in sorted(scored)]), normalizer)
-                    history.append({"update/loss": float(loss), "update/grad_norm": float(grad_norm),
-                                    **{f"update/{k}": v for k, v in metrics.items()}})
+                    history.append({"update/grad_norm": float(grad_norm), **self.step_metrics(scored, normalizer)})
         if not history:
             return {"update/skipped": 1.0}
-        reads = self.processes.gather({self.processes.rank: (tokens_read, trajectory_tokens)})
-        return {"update/tokens_read_per_trajectory_token":
-                    sum(r for r, _ in reads.values()) / max(1, sum(t for _, t in reads.values())),
+        return {**self.tokens_read(episodes, needs_pass, old_from_first_pass),
                 **{k: float(np.mean([h[k] for h in history if k in h])) for k in {k for h in history for k in h}}}
+
+    def old_from_first_pass(self, episodes: list[Episode | None], first_minibatch) -> set[int]:
+        """The episodes whose θ_old log-probs are taken from their first gradient pass, with no separate no-grad
+        pass: until the first optimiser step θ_old = θ, so an episode of the first mini-batch that θ_old and θ
+        score in the same context (not off-policy) gets exactly θ_old's values there."""
+        if not self.reuse_old_logprobs:
+            return set()
+        return {int(i) for i in first_minibatch
+                if episodes[int(i)] is None or episodes[int(i)].sampled_with_tips == episodes[int(i)].trained_with_tips}
+
+    def token_batches(self, episodes: list[Episode | None], advantages: torch.Tensor, needs_pass: list[bool],
+                      old_from_first_pass: set[int]) -> dict[int, TokenBatch]:
+        """Each episode's `TokenBatch`, with θ_old's log-probs in its behaviour context (unless taken from the
+        first gradient pass) and the reference policy's in its training context (KL term only); no gradient."""
+        batches = {}
+        with torch.no_grad(), self.precision():
+            for i, episode in enumerate(episodes):
+                if not needs_pass[i]:
+                    continue
+                old = ref = None
+                if i not in old_from_first_pass:
+                    old = self.logprobs(episode, episode.sampled_with_tips)  # (T_i,) behaviour context
+                if self.cfg.kl_beta > 0:
+                    with self.reference_policy() as reference:
+                        ref = self.logprobs(episode, episode.trained_with_tips, reference)  # (T_i,)
+                batches[i] = TokenBatch.of(episode, advantages[i], old, ref).to(self.device)
+        return batches
+
+    def step_metrics(self, scored: list[tuple[torch.Tensor, TokenBatch]], normalizer: float) -> dict[str, float]:
+        """The loss and its metrics over one optimiser step's mini-batch: each process adds up its own tokens'
+        sums, and the sums are added over the processes."""
+        if scored:
+            with torch.no_grad():
+                loss, sums = self.loss(torch.cat([new for new, _ in scored]), TokenBatch.cat([b for _, b in scored]),
+                                       normalizer, return_sums=True)
+        else:  # every episode of this mini-batch was played by another process: one masked-out token
+            empty = TokenBatch(advantages=torch.zeros(1), mask=torch.zeros(1), modes=torch.zeros(1, dtype=torch.long),
+                               sequence_ids=torch.zeros(1, dtype=torch.long),
+                               ref_logprobs=torch.zeros(1) if self.cfg.kl_beta > 0 else None).to(self.device)
+            loss, sums = self.loss(torch.zeros(1, device=self.device), empty, normalizer, return_sums=True)
+        sums = self.processes.add_up({"loss": loss.detach(), **sums}, maxima={k for k in sums if "ratio_max" in k})
+        loss = sums.pop("loss")
+        return {"update/loss": float(loss), **{f"update/{k}": v for k, v in loss_metrics(sums).items()}}
+
+    def tokens_read(self, episodes: list[Episode | None], needs_pass: list[bool],
+                    old_from_first_pass: set[int]) -> dict[str, float]:
+        """Accounting for the benchmark: tokens the update's forward passes read per token of the trajectories
+        it trains on (the gradient passes of every epoch, θ_old's no-grad passes, the reference policy's)."""
+        read = lambda e, with_tips: tokens_processed(e, with_tips=with_tips, packed=self.cfg.packed_logprobs)  # noqa: E731
+        trajectory, total = 0, 0
+        for i, episode in enumerate(episodes):
+            if not needs_pass[i]:
+                continue
+            trajectory += read(episode, episode.trained_with_tips)
+            total += (self.cfg.ppo_epochs * read(episode, episode.trained_with_tips)
+                      + (i not in old_from_first_pass) * read(episode, episode.sampled_with_tips)
+                      + (self.cfg.kl_beta > 0) * read(episode, episode.trained_with_tips))
+        counts = self.processes.add_up({"total": torch.tensor(total, dtype=torch.float64, device=self.device),
+                                        "trajectory": torch.tensor(trajectory, dtype=torch.float64, device=self.device)})
+        return {"update/tokens_read_per_trajectory_token": float(counts["total"]) / max(1.0, float(counts["trajectory"]))}
 
     def logprobs(self, episode: Episode, with_tips: bool, model=None) -> torch.Tensor:
         """(T,) float32 log-probs of the episode's action tokens in one context, with the sampling temperature,

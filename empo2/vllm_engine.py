@@ -60,8 +60,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from empo2.constrained import ActionConstraint, Cursor
-from empo2.generation import GroupGenerator, Response
+from empo2.chat import ChatFormat, Message
+from empo2.config import EMPO2Config
+from empo2.constrained import ActionConstraint, ActionEncoder, Cursor
+from empo2.envs import make_env
+from empo2.episode import is_forced
+from empo2.generation import Response, append_forced
+from empo2.logprobs import sequence_logprobs
+from empo2.models import load_policy, resolve_policy_path
+from empo2.prompts import SYSTEM_PROMPT
 
 MIN_VLLM = (0, 10, 1)
 """The first vLLM with the engine argument `logprobs_mode` (processed log-probs)."""
@@ -193,8 +200,7 @@ def follow_trie(constraint: ActionConstraint, tokens: list[int], logprobs: list[
         allowed = cursor.allowed()
         if allowed is not None and token not in allowed:
             return None
-        forced = allowed is not None and len(allowed) == 1
-        response.append(token, 0.0 if forced else logprob, allowed)
+        response.append(token, 0.0 if is_forced(allowed) else logprob, allowed)
         cursor.advance(token)
         if cursor.done:
             return response
@@ -247,7 +253,7 @@ class VLLMGenerator:
         constraints = constraints or {}
         cursors = {slot: constraints[slot].cursor() for slot in prompts if slot in constraints}
         responses = {slot: Response([], [], [] if slot in cursors else None) for slot in prompts}
-        active = [slot for slot in sorted(prompts) if not GroupGenerator._append_forced(responses[slot], cursors.get(slot))]
+        active = [slot for slot in sorted(prompts) if not append_forced(responses[slot], cursors.get(slot))]
         while active:
             requests = [self._request(prompts[slot], responses[slot], cursors.get(slot), constraints.get(slot),
                                       max_new_tokens[slot]) for slot in active]
@@ -306,7 +312,7 @@ class VLLMGenerator:
             cursor.advance(token)
             if cursor.done:
                 return True
-        return GroupGenerator._append_forced(response, cursor)
+        return append_forced(response, cursor)
 
     def _choice_list(self, constraint: ActionConstraint) -> tuple[list[str] | None, int]:
         """The action strings of a constraint and its longest action in tokens (None: it has free-text templates)."""
@@ -412,8 +418,6 @@ class VLLMEngine:
         vllm = import_vllm()
         from vllm.lora.request import LoRARequest
 
-        from empo2.models import resolve_policy_path
-
         lora_rank = cfg.lora_rank if cfg.trains_weights else 0
         llm = vllm.LLM(**engine_kwargs(resolve_policy_path(cfg.model), lora_rank=lora_rank,
                                        gpu_memory=getattr(cfg, "vllm_gpu_memory", 0.35), seed=cfg.seed))
@@ -445,14 +449,6 @@ def main() -> int:
     """Sample one corridor group with vLLM (both constraint ways, and free text), score the samples with the
     policy itself, and print the largest log-prob gap over decision tokens. Needs vllm and a GPU."""
     import torch
-
-    from empo2.chat import ChatFormat, Message
-    from empo2.config import EMPO2Config
-    from empo2.constrained import ActionEncoder
-    from empo2.envs import make_env
-    from empo2.logprobs import sequence_logprobs
-    from empo2.models import load_policy
-    from empo2.prompts import SYSTEM_PROMPT
 
     cfg = EMPO2Config.from_profile("ci", env="corridor", method="grpo", device="cuda")
     model, tokenizer = load_policy(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,

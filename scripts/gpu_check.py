@@ -111,7 +111,7 @@ def train(cfg, summary: list[str]) -> None:
     """`cfg.iterations` training iterations and one evaluation, timed; one forced update if none ran."""
     import torch
 
-    from empo2.loss import PLAIN
+    from empo2.episode import PLAIN
     from empo2.trainer import Trainer
 
     start = time.perf_counter()

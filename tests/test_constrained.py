@@ -11,7 +11,7 @@ from empo2.constrained import ActionEncoder
 from empo2.envs import make_env
 from empo2.envs.webshop import WebShopEnv
 from empo2.logprobs import episode_logprobs
-from empo2.loss import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
+from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
 from empo2.memory import TipMemory
 from empo2.rollout import Roller
 
@@ -99,7 +99,7 @@ def scienceworld_episodes(policy_fp32, embedder):
                          "Tip: never focus on the orange."], [13.0, 7.0], [f"power-component:{variation}"] * 2)
         roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=8, tip_tokens=8,
                         embedder=embedder, memory=memory, action_decoding="constrained",
-                        generator=torch.Generator().manual_seed(3))
+                        sampling_rng=torch.Generator().manual_seed(3))
         episodes = roller.run(envs, [variation] * 3, [PLAIN, MEMORY_ON_POLICY, OFF_POLICY], temperature=1.0)
         yield model, tokenizer, episodes, envs, roller
     finally:
@@ -137,7 +137,7 @@ def test_sampler_logprobs_equal_the_updates_constrained_logprobs(scienceworld_ep
 
 
 def test_a_forced_position_contributes_zero(scienceworld_episodes):
-    from empo2.update import TokenBatch, decision_tokens
+    from empo2.update import TokenBatch
 
     model, _, episodes, _, _ = scienceworld_episodes
     episode = episodes[0]
@@ -152,7 +152,7 @@ def test_a_forced_position_contributes_zero(scienceworld_episodes):
     assert all(p.grad is None or p.grad.abs().max() == 0 for p in model.parameters())
     model.zero_grad(set_to_none=True)
     assert torch.equal(TokenBatch.of(episode, 1.0).mask, (~forced).float())
-    assert decision_tokens(episode) == int((~forced).sum())
+    assert episode.decision_count() == int((~forced).sum())
 
 
 def test_webshop_search_keeps_free_query_text(policy_and_tokenizer):
@@ -162,7 +162,7 @@ def test_webshop_search_keeps_free_query_text(policy_and_tokenizer):
     for env in envs:
         env.step = _webshop_step(env)
     roller = Roller(model, tokenizer, env_name="webshop", response_tokens=12, tip_tokens=8,
-                    action_decoding="constrained", generator=torch.Generator().manual_seed(0))
+                    action_decoding="constrained", sampling_rng=torch.Generator().manual_seed(0))
     episodes = roller.run(envs, [envs[0].train_variations[0]] * 2, [PLAIN] * 2, temperature=1.0)
     for episode in episodes:
         assert episode.turns[0].executed_action.startswith("search[")  # the search page admits only search

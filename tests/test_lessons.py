@@ -60,7 +60,7 @@ def test_step_progress_moves_once_per_step_and_is_off_when_asked(monkeypatch):
 
 
 def test_the_roller_reports_each_step_to_its_progress(tmp_path):
-    from empo2.loss import PLAIN
+    from empo2.episode import PLAIN
 
     cfg = _cfg(tmp_path, max_steps=3)
     with lessons.untrained_roller(cfg, 2, memory=False) as lesson:

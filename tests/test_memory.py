@@ -33,7 +33,7 @@ def test_add_normalises_key_and_counts():
     np.testing.assert_allclose(entry.key, unit(0))
     assert entry.key.dtype == np.float32
     assert (entry.counter, entry.content, entry.score, entry.scope) == (0, "tip a", 10.0, "t:0")
-    assert len(memory) == 1 and memory.scopes() == ["t:0"]
+    assert len(memory) == 1 and [e.scope for e in memory.entries()] == ["t:0"]
 
 
 def test_eviction_of_oldest_at_capacity():
@@ -97,15 +97,14 @@ def test_top_k_by_score_not_similarity():
         "far, high score", "mid, mid score, newer", "mid, mid score", "closest, low score"]
 
 
-def test_scope_isolation_and_batch():
+def test_scope_isolation():
     memory = TipMemory(dim=DIM)
     memory.add(unit(0), "x tip", 1.0, scope="x")
     memory.add(unit(0), "y tip", 2.0, scope="y")
     assert contents(memory.retrieve(unit(0), scope="x")) == ["x tip"]
     assert memory.retrieve(unit(0), scope="z") == []
-    batch = memory.retrieve_batch(np.stack([unit(0), unit(0), unit(1), unit(0)]), ["y", "x", "x", "z"])
+    batch = [memory.retrieve(q, s) for q, s in zip([unit(0), unit(0), unit(1), unit(0)], ["y", "x", "x", "z"])]
     assert [contents(r) for r in batch] == [["y tip"], ["x tip"], [], []]
-    assert memory.scopes() == ["x", "y"]
 
 
 def test_save_load_exact_round_trip(tmp_path):
@@ -127,8 +126,8 @@ def test_save_load_exact_round_trip(tmp_path):
         assert np.array_equal(old.key, new.key) and new.key.dtype == np.float32
     queries = rng.normal(size=(5, DIM)).astype(np.float32)
     for scope in ["a", "b"]:
-        assert [contents(r) for r in memory.retrieve_batch(queries, [scope] * 5)] == \
-               [contents(r) for r in loaded.retrieve_batch(queries, [scope] * 5)]
+        assert [contents(memory.retrieve(q, scope)) for q in queries] == \
+               [contents(loaded.retrieve(q, scope)) for q in queries]
     # The next counter carries over, and eviction continues from the same state.
     memory.add(unit(0), "after", 1.0, scope="a")
     loaded.add(unit(0), "after", 1.0, scope="a")
@@ -176,8 +175,6 @@ def test_bad_inputs_rejected():
         memory.add(unit(0), None, 1.0)
     with pytest.raises(ValueError, match="query"):
         memory.retrieve(np.zeros(DIM))
-    with pytest.raises(ValueError, match="scopes"):
-        memory.retrieve_batch(np.stack([unit(0), unit(1)]), ["a"])
     with pytest.raises(ValueError, match="scores"):
         memory.add_many(np.stack([unit(0), unit(1)]), ["a", "b"], [1.0], ["", ""])
     assert len(memory) == 0

@@ -9,7 +9,8 @@ import torch
 
 from empo2.envs.toy import CorridorEnv
 from empo2.logprobs import episode_logprobs, tokens_processed
-from empo2.loss import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, policy_loss
+from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
+from empo2.loss import policy_loss
 from empo2.memory import TipMemory
 from empo2.rollout import Roller, draw_modes
 
@@ -37,7 +38,7 @@ def memory_episodes(policy_fp32, embedder):
     memory.add_many(keys, [f"tip number {i}: go east first." for i in range(3)], [10.0, 20.0, 30.0],
                     ["corridor:0"] * 3)
     roller = Roller(model, tokenizer, env_name="corridor", response_tokens=8, tip_tokens=8, embedder=embedder,
-                    memory=memory, generator=torch.Generator().manual_seed(0))
+                    memory=memory, sampling_rng=torch.Generator().manual_seed(0))
     envs = [CorridorEnv(max_steps=3) for _ in range(3)]
     episodes = roller.run(envs, [0, 0, 0], [PLAIN, MEMORY_ON_POLICY, OFF_POLICY], temperature=1.0, write_tips=True)
     return model, tokenizer, episodes, roller
@@ -137,7 +138,7 @@ def test_repeat_tips_false_shows_each_tip_once_per_episode(policy_fp32, embedder
         memory.add_many(embedder.encode([info["state_text"]] * 3), [f"tip {i}: go east." for i in range(3)],
                         [10.0, 20.0, 30.0], ["corridor:0"] * 3)
         roller = Roller(model, tokenizer, env_name="corridor", response_tokens=8, tip_tokens=8, embedder=embedder,
-                        memory=memory, generator=torch.Generator().manual_seed(0), repeat_tips=repeat)
+                        memory=memory, sampling_rng=torch.Generator().manual_seed(0), repeat_tips=repeat)
         episodes = roller.run([CorridorEnv(max_steps=3) for _ in range(4)], [0] * 4, [MEMORY_ON_POLICY] * 4,
                               temperature=1.0)
         shown[repeat] = [[turn.tips_shown for turn in e.turns] for e in episodes if len(e.turns) > 1]

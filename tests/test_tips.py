@@ -13,7 +13,7 @@ from empo2.constrained import ActionEncoder, TemplateConstraint
 from empo2.envs import make_env
 from empo2.generation import GroupGenerator
 from empo2.logprobs import sequence_logprobs
-from empo2.loss import PLAIN
+from empo2.episode import PLAIN
 from empo2.memory import TipMemory
 from empo2.prompts import CONSTRAINED_TIP_PROMPT, tip_template
 from empo2.rollout import Roller
@@ -52,7 +52,7 @@ def tipped(policy_fp32, embedder):
     try:
         roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=8, tip_tokens=8,
                         embedder=embedder, memory=TipMemory(dim=384), action_decoding="constrained",
-                        tip_decoding="constrained", generator=torch.Generator().manual_seed(5))
+                        tip_decoding="constrained", sampling_rng=torch.Generator().manual_seed(5))
         variation = envs[0].train_variations[0]
         episodes = roller.run(envs, [variation] * 2, [PLAIN] * 2, temperature=1.0, write_tips=True)
         yield model, tokenizer, roller, episodes
@@ -81,7 +81,7 @@ def test_a_constrained_tip_is_sampled_from_the_policys_renormalised_probabilitie
     prompt = roller.chat.render(messages, add_generation_prompt=True).ids()
     taken = list(dict.fromkeys(turn.executed_action for turn in episode.turns))
     template = TemplateConstraint(ActionEncoder(tokenizer), tip_template(taken, list(episode.seen_actions)))
-    generator = GroupGenerator(model, tokenizer, 1, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    generator = GroupGenerator(model, tokenizer, 1, temperature=1.0, sampling_rng=torch.Generator().manual_seed(0))
     [response] = generator.generate({0: prompt}, 8, {0: template}).values()
     assert TEMPLATE.fullmatch(tokenizer.decode(response.ids, skip_special_tokens=True).strip())
     with torch.no_grad():

@@ -11,7 +11,7 @@ from empo2.config import EMPO2Config
 from empo2.constrained import ActionEncoder, action_text
 from empo2.envs.webshop import WebShopEnv, instruction_words
 from empo2.logprobs import episode_logprobs
-from empo2.loss import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
+from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
 from empo2.memory import TipMemory
 from empo2.rollout import Roller
 
@@ -69,7 +69,7 @@ def test_constrained_queries_are_goal_words_and_score_alike_in_sampler_and_updat
     memory.add_many(embedder.encode([info["state_text"]]), ["In a similar state you did 'search[hoodie]'."],
                     [50.0], [f"webshop:{variation}"])
     roller = Roller(model, tokenizer, env_name="webshop", response_tokens=12, tip_tokens=8, embedder=embedder,
-                    memory=memory, action_decoding="constrained", generator=torch.Generator().manual_seed(1))
+                    memory=memory, action_decoding="constrained", sampling_rng=torch.Generator().manual_seed(1))
     episodes = roller.run(envs, [variation] * 3, [PLAIN, MEMORY_ON_POLICY, OFF_POLICY], temperature=1.0)
     goal_words = set(info["query_words"])
     searches = [t for e in episodes for t in e.turns if t.executed_action.startswith("search[")]

@@ -4,7 +4,7 @@ import torch
 
 from empo2.envs.webshop import WebShopEnv
 from empo2.logprobs import episode_logprobs, tokens_processed
-from empo2.loss import PLAIN
+from empo2.episode import PLAIN
 from empo2.prompts import extract_action
 from empo2.rollout import Roller
 
@@ -13,7 +13,7 @@ def test_single_turn_rollout_on_webshop(policy_and_tokenizer):
     model, tokenizer = policy_and_tokenizer
     envs = [WebShopEnv(max_steps=3, snap_actions=True) for _ in range(2)]
     roller = Roller(model, tokenizer, env_name="webshop", response_tokens=16, tip_tokens=8,
-                    prompt_style="single_turn", history_turns=1, generator=torch.Generator().manual_seed(0))
+                    prompt_style="single_turn", history_turns=1, sampling_rng=torch.Generator().manual_seed(0))
     variation = envs[0].train_variations[0]
     episodes = roller.run(envs, [variation] * 2, [PLAIN] * 2, temperature=1.0, write_tips=True)
     assert roller.last_generator.reuse_cache is False  # prompts are rewritten every step

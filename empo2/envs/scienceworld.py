@@ -47,6 +47,7 @@ from scienceworld import ScienceWorldEnv
 from empo2.envs import jvm
 from empo2.envs.base import StepResult
 from empo2.envs.jvm import SimulatorError, SimulatorTimeout, running_jvm_pids  # noqa: F401 (re-exported)
+from empo2.episode import failed
 from empo2.prompts import first_turn, next_turn
 
 logger = logging.getLogger(__name__)
@@ -340,7 +341,7 @@ class ScienceWorldTask(jvm.JvmOwner):
         reward = score - self._score
         self._score = score
         self._state = self._snapshot(raw)
-        finished = bool(completed) or score <= -100
+        finished = bool(completed) or failed(score)
         truncated = not finished and self._steps >= self.max_steps
         done = finished or truncated
         if done:
@@ -351,8 +352,8 @@ class ScienceWorldTask(jvm.JvmOwner):
             "score": score,
             "ambiguous": options is not None,
             "env_restarted": False,
-            "completed": bool(completed) and score > -100,
-            "failed": score <= -100,
+            "completed": bool(completed) and not failed(score),
+            "failed": failed(score),
         }
         if options is not None:
             info["ambiguous_options"] = options

@@ -1,6 +1,6 @@
 """Benchmark: what each throughput design buys, as ratios of two ways measured in one run, on real ScienceWorld.
 
-    python -m empo2.bench [--task power-component] [--group 8] [--steps 30] [--decoding constrained]
+    python benchmarks/bench.py [--task power-component] [--group 8] [--steps 30] [--decoding constrained]
                           [--with-naive] [--with-repeated-tips] [--with-compile] [--quick]
 
 Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
@@ -42,7 +42,7 @@ from empo2.config import EMPO2Config
 from empo2.envs import env_from_config
 from empo2.generation import GroupGenerator
 from empo2.logprobs import episode_logprobs, tokens_processed
-from empo2.loss import PLAIN
+from empo2.episode import PLAIN
 from empo2.models import load_policy
 from empo2.rollout import Roller, call_each
 
@@ -66,7 +66,7 @@ def laptop_config(args, **overrides) -> EMPO2Config:
 def rollout(model, tokenizer, envs, variation, args, *, cache_layout: str = "ragged", reuse_cache: bool = True):
     """One group rollout at temperature 1 from a fixed seed: both ways draw the same samples from the same logits."""
     roller = Roller.from_config(laptop_config(args, reuse_cache=reuse_cache), model, tokenizer,
-                                generator=torch.Generator().manual_seed(0))
+                                sampling_rng=torch.Generator().manual_seed(0))
     roller.cache_layout = cache_layout
     roller.parallel_envs = False  # environment steps are compared in section 3
     start = time.perf_counter()
@@ -161,7 +161,7 @@ def compiled_decode_lever(model, tokenizer, rows: int, length: int, steps: int =
     |log-prob difference| from the eager one (tokens of probability >= 1%)."""
     from transformers import StaticCache
 
-    prompts = torch.randint(1000, 20000, (rows, length), generator=torch.Generator().manual_seed(0))
+    prompts = torch.randint(1000, 20000, (rows, length), sampling_rng=torch.Generator().manual_seed(0))
     token = tokenizer.eos_token_id
     results, last = {}, {}
     generator = GroupGenerator(model, tokenizer, rows)

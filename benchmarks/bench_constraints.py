@@ -1,6 +1,6 @@
 """Benchmark: our action trie vs grammar libraries, per environment step, on real ScienceWorld states.
 
-    python -m empo2.bench_constraints [--tasks power-component chemistry-mix find-animal]
+    python benchmarks/bench_constraints.py [--tasks power-component chemistry-mix find-animal]
                                       [--walk 20] [--keep 5] [--repeats 7]
 
 Constrained decoding pays two costs per environment step, because the admissible
