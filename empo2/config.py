@@ -131,13 +131,16 @@ class EMPO2Config:
     response tokens); False asks for the action alone, for short response budgets."""
     rollout_engine: str = "transformers"
     """Who samples rollouts: transformers (the policy itself, any device) or vllm (a vLLM engine beside the
-    policy on the GPU; needs the gpu extra, device cuda, and LoRA when training: only the adapter is synced).
-    Not yet run: see empo2.vllm_engine."""
+    policy: on a GPU with the gpu extra, on a CPU with vLLM's CPU build (`make vllm-check`); LoRA when
+    training: only the adapter is synced). See empo2.vllm_engine."""
     vllm_constraint: str = "tokens"
     """vllm + constrained decoding: tokens (exact: the trie's allowed ids, one engine call per decision token)
     or choice (one call per action through vLLM's structured outputs; a wider set than the trie)."""
     vllm_gpu_memory: float = 0.35
-    """Fraction of the GPU's memory the vLLM engine takes (the policy and its optimiser share the GPU)."""
+    """device cuda: fraction of the GPU's memory the vLLM engine takes (the policy and its optimiser share the GPU)."""
+    vllm_cpu_kv_cache_gib: int = 4
+    """device cpu: GiB of RAM for the vLLM engine's KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE); a CPU has no
+    memory fraction to give, and vLLM would otherwise take its default."""
     # --- EMPO² --------------------------------------------------------------------
     p: float = 0.25
     """Probability that a rollout is memory-augmented (paper: 0.25)."""
@@ -239,13 +242,13 @@ class EMPO2Config:
             raise ValueError("webshop_query: 'words' needs action_decoding 'constrained' (free text is not constrained)")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device: {self.device!r} is not allowed; use cpu or cuda[:N]")
-        if self.rollout_engine == "vllm" and not self.device.startswith("cuda"):
-            raise ValueError(f"rollout_engine: 'vllm' needs device cuda, not {self.device!r}")
         if self.rollout_engine == "vllm" and self.trains_weights and self.lora_rank == 0:
             raise ValueError("rollout_engine: 'vllm' is not allowed with lora_rank 0 when training "
                              "(only the LoRA adapter is synced to the engine)")
         if not 0 < self.vllm_gpu_memory <= 1:
             raise ValueError(f"vllm_gpu_memory: {self.vllm_gpu_memory} is out of range; allowed (0, 1]")
+        if not self.vllm_cpu_kv_cache_gib >= 1:
+            raise ValueError(f"vllm_cpu_kv_cache_gib: {self.vllm_cpu_kv_cache_gib} is out of range; allowed >= 1")
         ranges = {
             "p": (0.0, 1.0), "q": (0.0, 1.0), "similarity_threshold": (-1.0, 1.0),
             "novelty_threshold": (-1.0, 1.0), "clip_low": (0.0, 1.0), "delta": (0.0, 1.0),

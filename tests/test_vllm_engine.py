@@ -1,15 +1,17 @@
-"""The vLLM rollout backend, without vLLM: our side of it.
+"""The vLLM rollout backend.
 
-vLLM cannot be installed on these machines, so these tests check only our code: the
-sampling and engine settings we pass, the conversion of vLLM-shaped outputs (the documented
-`outputs[0].token_ids` / `outputs[0].logprobs` fields) into `Response`s, the constrained
-decoding loop driven by a stand-in engine that honours `max_tokens`, `stop_token_ids` and
-`allowed_token_ids` as documented, and the adapter versions. Whether vLLM itself samples and
-scores as its documentation says is checked on a GPU by `python -m empo2.vllm_engine`.
+vLLM does not share the project's venv (its CPU build pins an older transformers), so most of
+these tests check our side without it: the sampling and engine settings we pass, the conversion
+of vLLM-shaped outputs (the documented `outputs[0].token_ids` / `outputs[0].logprobs` fields)
+into `Response`s, the constrained decoding loop driven by a stand-in engine that honours
+`max_tokens`, `stop_token_ids` and `allowed_token_ids` as documented, and the adapter versions.
+The last test runs the real engine on this CPU (`python -m empo2.vllm_engine`) where `make
+vllm-check` has built .venv-vllm, and says it skipped where it has not.
 """
 
 import json
-import math
+import os
+import subprocess
 import sys
 from collections import namedtuple
 from types import SimpleNamespace
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 import empo2.vllm_engine as ve
+from empo2 import ROOT
 from empo2.config import EMPO2Config
 from empo2.constrained import ActionEncoder, action_text
 from empo2.models import load_tokenizer
@@ -134,6 +137,9 @@ def test_sampling_and_engine_settings_match_the_trainers_distribution():
     assert engine["generation_config"] == "vllm" and engine["gpu_memory_utilization"] == 0.3
     assert engine["enable_lora"] is True and engine["max_lora_rank"] == 8 and engine["max_loras"] == 1
     assert "enable_lora" not in ve.engine_kwargs("/m", lora_rank=0, gpu_memory=0.3, seed=1)
+    # A CPU has no memory fraction to give: its KV cache is vLLM's environment variable, in GiB.
+    assert "gpu_memory_utilization" not in ve.engine_kwargs("/m", lora_rank=4, gpu_memory=0.3, seed=1, device="cpu")
+    assert ve.cpu_environment(4, cores=2) == {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
     assert [ve.lora_rank_slot(r) for r in (1, 4, 8, 9, 64, 512)] == [1, 8, 8, 16, 64, 512]
     with pytest.raises(ValueError, match="lora_rank"):
         ve.lora_rank_slot(1024)
@@ -258,32 +264,38 @@ def test_template_argument_is_one_request_up_to_its_closing_token(tok):
     assert response.allowed[prefix:] == [None] * (len(response.ids) - prefix)  # free text: any token
 
 
-def test_choice_mode_is_one_request_and_respells_other_tokenisations(tok):
+def test_choice_mode_is_one_request_and_keeps_the_grammars_allowed_sets(tok):
     encoder = ActionEncoder(tok)
     constraint = encoder.constraint(ACTIONS)
     prompts = {0: [1], 1: [2], 2: [3]}
     canonical = ids_of(tok, "focus on apple") + [tok.eos_token_id]
     other = [tok.convert_tokens_to_ids(c) for c in "go"] + ids_of(tok, " east") + [tok.eos_token_id]
     want = {0: canonical, 1: other, 2: canonical}
+    asked = []
+
+    def grammar_sets(tokenizer, choices, tokens, stop_ids):  # stands in for ChoiceGrammar (xgrammar)
+        asked.append((sorted(choices), stop_ids))
+        return [(token,) if token in stop_ids else (token, 7) for token in tokens]
+
+    api = ve.VLLMApi(Params, lambda choices: {"structured_outputs": Choice(choices)}, grammar_sets)
     llm = FakeLLM(prompts, lambda slot, params: want[slot])
-    generator = ve.VLLMGenerator(llm, tok, 3, api=API, constraint="choice")
+    generator = ve.VLLMGenerator(llm, tok, 3, api=api, constraint="choice")
     responses = generator.generate(prompts, 12, {slot: constraint for slot in prompts})
 
     assert len(llm.calls) == 1
     for p in llm.calls[0][1]:
         assert sorted(p.structured_outputs.choice) == sorted(ACTIONS) and not hasattr(p, "allowed_token_ids")
         assert p.max_tokens >= len(canonical)
-    assert responses[0].ids == canonical
-    assert responses[0].allowed == ve.follow_trie(constraint, canonical, [0.0] * len(canonical)).allowed
-    assert responses[0].logprobs == [0.0 if len(a) == 1 else -(k + 1) / 10
-                                     for k, a in enumerate(responses[0].allowed)]
-    respelled = responses[1]
-    assert respelled.ids == ids_of(tok, "go east") + [tok.eos_token_id] and generator.respelled == 1
-    assert all(lp == 0.0 if len(a) == 1 else math.isnan(lp) for lp, a in zip(respelled.logprobs, respelled.allowed))
+    assert asked == [(sorted(ACTIONS), [tok.eos_token_id])] * 3
+    for slot in prompts:  # kept as sampled, each position with the grammar's set; the stop token is forced
+        response = responses[slot]
+        assert response.ids == want[slot] and response.allowed == grammar_sets(tok, ACTIONS, want[slot], [tok.eos_token_id])
+        assert response.logprobs == [0.0 if len(a) == 1 else -(k + 1) / 10 for k, a in enumerate(response.allowed)]
+    assert generator.respelled == 1  # "go east" letter by letter: another spelling than the trie's, kept
 
     llm = FakeLLM({0: [1]}, lambda slot, params: ids_of(tok, "go") + [tok.eos_token_id])
     with pytest.raises(ValueError, match="'go', which is no admissible action"):
-        ve.VLLMGenerator(llm, tok, 1, api=API, constraint="choice").generate({0: [1]}, 12, {0: constraint})
+        ve.VLLMGenerator(llm, tok, 1, api=api, constraint="choice").generate({0: [1]}, 12, {0: constraint})
 
 
 def test_a_state_with_one_action_needs_no_engine_call(tok):
@@ -355,3 +367,18 @@ def test_engine_generators_carry_the_current_adapter(tmp_path, tok):
     assert base.generator(model, 1, temperature=1.0).lora_request is None
     engine.close()
     assert not (tmp_path / "a").exists()
+
+
+# ------------------------------------------------------------------ vLLM itself, on this CPU
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(),
+                    reason="vLLM's CPU build is not installed here: `make vllm-check` builds .venv-vllm and runs this")
+def test_the_engine_on_this_cpu_samples_what_the_update_scores():
+    """The real engine, float32: the three ways' log-probs equal the policy's within 1e-3."""
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "empo2.vllm_engine", "--device", "cpu", "--dtype", "float32"],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("vllm")]
+    assert done.returncode == 0 and len(lines) == 4 and "PASSED" in lines[-1], done.stdout[-2000:] + done.stderr[-2000:]
