@@ -2,6 +2,7 @@
 
     python benchmarks/bench.py [--task power-component] [--group 8] [--steps 30] [--decoding constrained]
                           [--with-naive] [--with-repeated-tips] [--with-compile] [--quick]
+    .venv-vllm/bin/python benchmarks/bench.py --engines [--quick]     # section 6 alone (make vllm-check builds it)
 
 Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
   0. the machine: threads, and memory read bandwidth (a sum over 512 MB);
@@ -24,6 +25,10 @@ Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
      profile (each retrieved tip shown once; --with-repeated-tips adds the paper's every-step top_k):
      where the time goes, how many tokens the episodes carry (and how many are tips), and
      the iteration's update run twice on its own episodes (θ_old reused vs a separate pass).
+  6. with --engines (and vLLM installed), only this: the vLLM engine beside the default one (the policy
+     itself, ragged cache) on the same first-turn prompts — a prefill (one token) and a decode step (free
+     text) — and two GRPO iterations through the trainer on each (every iteration syncs a new LoRA adapter
+     into vLLM, whose first request then prefills anew).
 The goals each figure is held against are printed beside it. --quick: group 4, 10 steps.
 """
 
@@ -36,6 +41,7 @@ import math
 import tempfile
 import time
 
+import numpy as np
 import torch
 
 from empo2.config import EMPO2Config
@@ -271,6 +277,70 @@ def iteration(args, method: str, **overrides) -> tuple[dict, dict]:
             return metrics, extra
 
 
+def first_turn_prompts(tokenizer, envs, variation) -> dict[int, list[int]]:
+    """The group's first-turn prompts (system prompt, task, first observation) as token ids."""
+    from empo2.chat import ChatFormat, Message
+    from empo2.prompts import SYSTEM_PROMPT
+
+    prompts = {}
+    for slot, env in enumerate(envs):
+        observation, info = env.reset(variation)
+        messages = [Message("system", SYSTEM_PROMPT),
+                    Message("user", env.first_turn_text(info.get("task_description", ""), observation, info))]
+        prompts[slot] = ChatFormat(tokenizer).render(messages, add_generation_prompt=True).ids()
+    return prompts
+
+
+def engine_comparison(args, model, tokenizer, envs, variation) -> None:
+    """Section 6: prefill and decode on both engines, then two GRPO iterations through the trainer on each."""
+    from empo2.trainer import Trainer
+    from empo2.vllm_engine import VLLMEngine
+
+    # Output is flushed at once: vLLM forks workers, which would print a buffered copy again on exit.
+    prompts = first_turn_prompts(tokenizer, envs, variation)
+    cfg = laptop_config(args, method="grpo", rollout_engine="vllm")
+    started = time.perf_counter()
+    engine = VLLMEngine.from_config(cfg, tokenizer)
+    print(f"\n6. rollout engines, {len(prompts)} first-turn prompts of about {round(np.mean([len(p) for p in prompts.values()]))} "
+          f"tokens (vLLM started in {time.perf_counter() - started:.0f} s)", flush=True)
+    new_tokens = 33
+    prefill, decode = {}, {}
+
+    def timed(generator, tokens, asked=prompts) -> tuple[float, int]:
+        """Seconds of one call, and its longest response (a free response may end before `tokens`)."""
+        start = time.perf_counter()
+        responses = generator.generate(asked, tokens)
+        return time.perf_counter() - start, max(len(r.ids) for r in responses.values())
+
+    one, _ = timed(GroupGenerator(model, tokenizer, len(prompts), temperature=1.0), 1)
+    longer, length = timed(GroupGenerator(model, tokenizer, len(prompts), temperature=1.0), new_tokens)
+    prefill["transformers"], decode["transformers"] = one, (longer - one) / max(1, length - 1)
+    generator = engine.generator(model, len(prompts), temperature=1.0)
+    timed(generator, 1, {slot: [p[0] + 1] + p[1:] for slot, p in prompts.items()})  # loads the adapter, caches nothing reused
+    prefill["vllm"], _ = timed(generator, 1)
+    cached, _ = timed(generator, 1)  # the prompts are in vLLM's prefix cache now, so both calls below skip the prefill
+    longer, length = timed(generator, new_tokens)
+    decode["vllm"] = (longer - cached) / max(1, length - 1)
+    for name in ("transformers", "vllm"):
+        print(f"   {name:12s} prefill {prefill[name]:6.2f} s, decode step {1000 * decode[name]:6.1f} ms (batch {len(prompts)})", flush=True)
+    print(f"   vLLM vs the default engine: prefill {prefill['transformers'] / prefill['vllm']:.2f}x faster, decode step "
+          f"{decode['transformers'] / decode['vllm']:.2f}x faster", flush=True)
+    engine.close()
+    iterations = {}
+    for name in ("transformers", "vllm"):
+        with tempfile.TemporaryDirectory() as folder:
+            config = laptop_config(args, method="grpo", rollout_engine=name, results_dir=folder, iterations=2,
+                                   eval_every=100, checkpoint_every=0, n_train_variations=1)
+            with Trainer(config, show_progress=False) as trainer:
+                iterations[name] = [trainer.train_iteration() for _ in range(2)]
+    for name, rows in iterations.items():
+        for i, m in enumerate(rows, 1):
+            print(f"   {name:12s} iteration {i}: {m['time/iteration']:6.1f} s (rollout {m['time/rollout']:6.1f}, generation "
+                  f"{m['time/generation']:6.1f}, update {m['time/update']:5.1f}), {m['train/steps']:.1f} steps an episode")
+    ratio = sum(m["time/iteration"] for m in iterations["transformers"]) / sum(m["time/iteration"] for m in iterations["vllm"])
+    print(f"   vLLM vs the default engine over the two iterations: {ratio:.2f}x faster (episodes differ: another sampler)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="power-component")
@@ -286,6 +356,8 @@ def main() -> None:
     parser.add_argument("--with-compile", action="store_true",
                         help="also time a decode step under torch.compile over transformers' StaticCache (compiles ~1 min)")
     parser.add_argument("--quick", action="store_true", help="group 4, 10 steps")
+    parser.add_argument("--engines", action="store_true",
+                        help="only section 6: the vLLM engine beside the default one (run with .venv-vllm's python)")
     args = parser.parse_args()
     if args.quick:
         args.group, args.steps = 4, 10
@@ -298,6 +370,9 @@ def main() -> None:
     envs = [env_from_config(laptop_config(args)) for _ in range(args.group)]
     try:
         variation = envs[0].train_variations[0]
+        if args.engines:
+            engine_comparison(args, model, tokenizer, envs, variation)
+            return
         ways = {"ragged": {}, "padded": {"cache_layout": "padded"}, "plain": {"cache_layout": "plain"}}
         if args.with_naive:
             ways["re-encode"] = {"reuse_cache": False}
