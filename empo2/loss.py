@@ -44,12 +44,6 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None)
     return kept.sum() if dim is None else kept.sum(dim)
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of `values` where the 0/1 `mask` is set; 0 where the mask is empty."""
-    count = mask.bool().sum() if dim is None else mask.bool().sum(dim)
-    return masked_sum(values, mask, dim) / count.clamp(min=1)
-
-
 def policy_loss(
     new_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

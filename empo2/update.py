@@ -25,8 +25,8 @@ import torch
 from empo2.config import EMPO2Config
 from empo2.distributed import Processes
 from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs, tokens_processed
-from empo2.loss import loss_metrics, policy_loss
 from empo2.episode import Episode
+from empo2.loss import loss_metrics, policy_loss
 
 
 @dataclass
@@ -168,8 +168,8 @@ class PolicyUpdate:
         score in the same context (not off-policy) gets exactly θ_old's values there."""
         if not self.reuse_old_logprobs:
             return set()
-        return {int(i) for i in first_minibatch
-                if episodes[int(i)] is None or episodes[int(i)].sampled_with_tips == episodes[int(i)].trained_with_tips}
+        chosen = [(int(i), episodes[int(i)]) for i in first_minibatch]
+        return {i for i, e in chosen if e is not None and e.sampled_with_tips == e.trained_with_tips}
 
     def token_batches(self, episodes: list[Episode | None], advantages: torch.Tensor, needs_pass: list[bool],
                       old_from_first_pass: set[int]) -> dict[int, TokenBatch]:
@@ -214,10 +214,10 @@ class PolicyUpdate:
         for i, episode in enumerate(episodes):
             if not needs_pass[i]:
                 continue
-            trajectory += read(episode, episode.trained_with_tips)
-            total += (self.cfg.ppo_epochs * read(episode, episode.trained_with_tips)
-                      + (i not in old_from_first_pass) * read(episode, episode.sampled_with_tips)
-                      + (self.cfg.kl_beta > 0) * read(episode, episode.trained_with_tips))
+            trained = read(episode, episode.trained_with_tips)
+            trajectory += trained
+            total += ((self.cfg.ppo_epochs + (self.cfg.kl_beta > 0)) * trained
+                      + (i not in old_from_first_pass) * read(episode, episode.sampled_with_tips))
         counts = self.processes.add_up({"total": torch.tensor(total, dtype=torch.float64, device=self.device),
                                         "trajectory": torch.tensor(trajectory, dtype=torch.float64, device=self.device)})
         return {"update/tokens_read_per_trajectory_token": float(counts["total"]) / max(1.0, float(counts["trajectory"]))}

@@ -5,7 +5,7 @@ import torch
 from torch.testing import assert_close
 
 from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN
-from empo2.loss import masked_mean, policy_loss
+from empo2.loss import masked_sum, policy_loss
 
 
 def run(new_probs, old_probs, advantages, modes, mask=None, sequence_ids=None, **kwargs):
@@ -26,12 +26,12 @@ def test_mode_names():
     assert MODE_NAMES == {0: "plain", 1: "memory_on", 2: "off_policy"}
 
 
-def test_masked_mean():
+def test_masked_sum():  # the metrics are masked sums divided by their counts (`loss_metrics`)
     values = torch.tensor([1.0, float("nan"), 3.0])
-    assert_close(masked_mean(values, torch.tensor([1, 0, 1])), torch.tensor(2.0))
-    assert_close(masked_mean(values, torch.zeros(3)), torch.tensor(0.0))
-    assert_close(masked_mean(torch.tensor([[1.0, 2.0], [3.0, 5.0]]), torch.tensor([[1, 1], [0, 1]]), dim=1),
-                 torch.tensor([1.5, 5.0]))
+    assert_close(masked_sum(values, torch.tensor([1, 0, 1])), torch.tensor(4.0))
+    assert_close(masked_sum(values, torch.zeros(3)), torch.tensor(0.0))
+    assert_close(masked_sum(torch.tensor([[1.0, 2.0], [3.0, 5.0]]), torch.tensor([[1, 1], [0, 1]]), dim=1),
+                 torch.tensor([3.0, 5.0]))
 
 
 def test_ratio_inside_clip_range_all_modes():
