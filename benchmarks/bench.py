@@ -25,10 +25,11 @@ Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
      profile (each retrieved tip shown once; --with-repeated-tips adds the paper's every-step top_k):
      where the time goes, how many tokens the episodes carry (and how many are tips), and
      the iteration's update run twice on its own episodes (θ_old reused vs a separate pass).
-  6. with --engines (and vLLM installed), only this: the vLLM engine beside the default one (the policy
-     itself, ragged cache) on the same first-turn prompts — a prefill (one token) and a decode step (free
-     text) — and two GRPO iterations through the trainer on each (every iteration syncs a new LoRA adapter
-     into vLLM, whose first request then prefills anew).
+  6. with --engines (and vLLM installed), only this: the vLLM engine, with either weight sync (the merged
+     weights reloaded in place, or the LoRA adapter under a new id), beside the default one (the policy
+     itself, ragged cache) on the same first-turn prompts — a prefill (one token), a decode step (free text),
+     and the first call after the weights changed (the sync, then a prefill anew) — and two GRPO iterations
+     through the trainer on each.
 The goals each figure is held against are printed beside it. --quick: group 4, 10 steps.
 """
 
@@ -292,19 +293,23 @@ def first_turn_prompts(tokenizer, envs, variation) -> dict[int, list[int]]:
 
 
 def engine_comparison(args, model, tokenizer, envs, variation) -> None:
-    """Section 6: prefill and decode on both engines, then two GRPO iterations through the trainer on each."""
+    """Section 6: prefill, decode and a weight change on the default engine and on vLLM with each weight sync,
+    then two GRPO iterations through the trainer on each."""
     from empo2.trainer import Trainer
-    from empo2.vllm_engine import VLLMEngine
+    from empo2.vllm_engine import WEIGHT_SYNCS, VLLMEngine
 
-    # Output is flushed at once: vLLM forks workers, which would print a buffered copy again on exit.
+    # Output is flushed at once: vLLM forks workers, which would print a buffered copy again on exit. The engines'
+    # KV caches get 2 GiB (93k tokens, a group's conversations need under 20k): this process holds the policy twice.
     prompts = first_turn_prompts(tokenizer, envs, variation)
-    cfg = laptop_config(args, method="grpo", rollout_engine="vllm")
-    started = time.perf_counter()
-    engine = VLLMEngine.from_config(cfg, tokenizer)
     print(f"\n6. rollout engines, {len(prompts)} first-turn prompts of about {round(np.mean([len(p) for p in prompts.values()]))} "
-          f"tokens (vLLM started in {time.perf_counter() - started:.0f} s)", flush=True)
+          f"tokens; the policy's LoRA adapter (rank 8) is trained, so its B matrices are not zero", flush=True)
+    draw = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.01 * torch.randn(parameter.shape, generator=draw))
     new_tokens = 33
-    prefill, decode = {}, {}
+    prefill, decode, changed = {}, {}, {}
 
     def timed(generator, tokens, asked=prompts) -> tuple[float, int]:
         """Seconds of one call, and its longest response (a free response may end before `tokens`)."""
@@ -312,33 +317,58 @@ def engine_comparison(args, model, tokenizer, envs, variation) -> None:
         responses = generator.generate(asked, tokens)
         return time.perf_counter() - start, max(len(r.ids) for r in responses.values())
 
+    def optimiser_step() -> None:
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:
+                    parameter.add_(1e-4 * torch.randn(parameter.shape, generator=draw))
+
     one, _ = timed(GroupGenerator(model, tokenizer, len(prompts), temperature=1.0), 1)
     longer, length = timed(GroupGenerator(model, tokenizer, len(prompts), temperature=1.0), new_tokens)
     prefill["transformers"], decode["transformers"] = one, (longer - one) / max(1, length - 1)
-    generator = engine.generator(model, len(prompts), temperature=1.0)
-    timed(generator, 1, {slot: [p[0] + 1] + p[1:] for slot, p in prompts.items()})  # loads the adapter, caches nothing reused
-    prefill["vllm"], _ = timed(generator, 1)
-    cached, _ = timed(generator, 1)  # the prompts are in vLLM's prefix cache now, so both calls below skip the prefill
-    longer, length = timed(generator, new_tokens)
-    decode["vllm"] = (longer - cached) / max(1, length - 1)
-    for name in ("transformers", "vllm"):
-        print(f"   {name:12s} prefill {prefill[name]:6.2f} s, decode step {1000 * decode[name]:6.1f} ms (batch {len(prompts)})", flush=True)
-    print(f"   vLLM vs the default engine: prefill {prefill['transformers'] / prefill['vllm']:.2f}x faster, decode step "
-          f"{decode['transformers'] / decode['vllm']:.2f}x faster", flush=True)
-    engine.close()
+    changed["transformers"] = one  # the policy itself needs no sync: a first call prefills as ever
+    for sync in WEIGHT_SYNCS:
+        name = f"vllm {sync}"
+        started = time.perf_counter()
+        engine = VLLMEngine.from_config(laptop_config(args, method="grpo", rollout_engine="vllm", vllm_weight_sync=sync,
+                                                      vllm_cpu_kv_cache_gib=2), tokenizer)
+        print(f"   {name}: started in {time.perf_counter() - started:.0f} s", flush=True)
+        generator = engine.generator(model, len(prompts), temperature=1.0)
+        timed(generator, 1, {slot: [p[0] + 1] + p[1:] for slot, p in prompts.items()})  # loads the weights, caches nothing reused
+        prefill[name], _ = timed(generator, 1)
+        cached, _ = timed(generator, 1)  # the prompts are in vLLM's prefix cache now, so both calls below skip the prefill
+        longer, length = timed(generator, new_tokens)
+        decode[name] = (longer - cached) / max(1, length - 1)
+        optimiser_step()
+        start = time.perf_counter()
+        timed(engine.generator(model, len(prompts), temperature=1.0), 1)  # the sync, then the prompts prefilled anew
+        changed[name] = time.perf_counter() - start
+        engine.close()
+    for name in prefill:
+        print(f"   {name:15s} prefill {prefill[name]:6.2f} s, decode step {1000 * decode[name]:6.1f} ms (batch "
+              f"{len(prompts)}), first call after the weights changed {changed[name]:6.2f} s", flush=True)
+    for name in list(prefill)[1:]:
+        print(f"   {name} vs the default engine: prefill {prefill['transformers'] / prefill[name]:.2f}x faster, decode "
+              f"step {decode['transformers'] / decode[name]:.2f}x faster", flush=True)
+    print(f"   weights vs adapter sync: decode step {decode['vllm adapter'] / decode['vllm weights']:.2f}x faster, first "
+          f"call after a change {changed['vllm adapter'] / changed['vllm weights']:.2f}x faster", flush=True)
     iterations = {}
-    for name in ("transformers", "vllm"):
+    for name in ("transformers", *(f"vllm {sync}" for sync in WEIGHT_SYNCS)):
+        engine_settings = (dict(rollout_engine="transformers") if name == "transformers" else
+                           dict(rollout_engine="vllm", vllm_weight_sync=name.split()[1], vllm_cpu_kv_cache_gib=2))
         with tempfile.TemporaryDirectory() as folder:
-            config = laptop_config(args, method="grpo", rollout_engine=name, results_dir=folder, iterations=2,
-                                   eval_every=100, checkpoint_every=0, n_train_variations=1)
+            config = laptop_config(args, method="grpo", results_dir=folder, iterations=2, eval_every=100,
+                                   checkpoint_every=0, n_train_variations=1, **engine_settings)
             with Trainer(config, show_progress=False) as trainer:
                 iterations[name] = [trainer.train_iteration() for _ in range(2)]
     for name, rows in iterations.items():
         for i, m in enumerate(rows, 1):
-            print(f"   {name:12s} iteration {i}: {m['time/iteration']:6.1f} s (rollout {m['time/rollout']:6.1f}, generation "
+            print(f"   {name:15s} iteration {i}: {m['time/iteration']:6.1f} s (rollout {m['time/rollout']:6.1f}, generation "
                   f"{m['time/generation']:6.1f}, update {m['time/update']:5.1f}), {m['train/steps']:.1f} steps an episode")
-    ratio = sum(m["time/iteration"] for m in iterations["transformers"]) / sum(m["time/iteration"] for m in iterations["vllm"])
-    print(f"   vLLM vs the default engine over the two iterations: {ratio:.2f}x faster (episodes differ: another sampler)")
+    total = {name: sum(m["time/iteration"] for m in rows) for name, rows in iterations.items()}
+    for name in list(total)[1:]:
+        print(f"   {name} vs the default engine over the two iterations: {total['transformers'] / total[name]:.2f}x faster "
+              "(episodes differ: another sampler)")
 
 
 def main() -> None:

@@ -131,8 +131,15 @@ class EMPO2Config:
     response tokens); False asks for the action alone, for short response budgets."""
     rollout_engine: str = "transformers"
     """Who samples rollouts: transformers (the policy itself, any device) or vllm (a vLLM engine beside the
-    policy: on a GPU with the gpu extra, on a CPU with vLLM's CPU build (`make vllm-check`); LoRA when
-    training: only the adapter is synced). See empo2.vllm_engine."""
+    policy: on a GPU with the gpu extra, on a CPU with vLLM's CPU build (`make vllm-check`); the policy's
+    weights reach it as vllm_weight_sync says). See empo2.vllm_engine."""
+    vllm_weight_sync: str = "adapter"
+    """vllm: how the policy's weights reach the engine when they change. adapter: the LoRA adapter, saved under a new
+    id and applied by vLLM's LoRA kernels (LoRA only; exact in any dtype); weights: every weight, each LoRA layer
+    merged, reloaded into the engine in place, which then samples at the base model's speed (about 3x faster decode
+    steps on a CPU, `benchmarks/bench.py --engines`). Full fine-tuning needs weights; with LoRA, merging into bf16
+    rounds most of a young adapter's change away (77-83% at iterations 10-20 of a laptop run,
+    `benchmarks/merge_precision.py`), so there use it in float32 or not at all."""
     vllm_constraint: str = "tokens"
     """vllm + constrained decoding: tokens (exact: the trie's allowed ids, one engine call per decision token)
     or choice (one call per action through vLLM's structured outputs; a wider set than the trie)."""
@@ -222,7 +229,7 @@ class EMPO2Config:
             "delta_mode": ("token", "sequence", "none"), "device": None, "prompt_style": ("chat", "single_turn"),
             "action_decoding": ("free", "constrained"), "tip_decoding": ("free", "constrained"),
             "webshop_goals": ("synthetic", "human"), "webshop_query": ("free", "words"), "rollout_engine": ("transformers", "vllm"),
-            "vllm_constraint": ("tokens", "choice"),
+            "vllm_constraint": ("tokens", "choice"), "vllm_weight_sync": ("adapter", "weights"),
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -242,9 +249,9 @@ class EMPO2Config:
             raise ValueError("webshop_query: 'words' needs action_decoding 'constrained' (free text is not constrained)")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device: {self.device!r} is not allowed; use cpu or cuda[:N]")
-        if self.rollout_engine == "vllm" and self.trains_weights and self.lora_rank == 0:
-            raise ValueError("rollout_engine: 'vllm' is not allowed with lora_rank 0 when training "
-                             "(only the LoRA adapter is synced to the engine)")
+        if self.rollout_engine == "vllm" and self.trains_weights and self.lora_rank == 0 and self.vllm_weight_sync == "adapter":
+            raise ValueError("vllm_weight_sync: 'adapter' is not allowed with lora_rank 0 when training (there is no "
+                             "adapter to send); use 'weights'")
         if not 0 < self.vllm_gpu_memory <= 1:
             raise ValueError(f"vllm_gpu_memory: {self.vllm_gpu_memory} is out of range; allowed (0, 1]")
         if not self.vllm_cpu_kv_cache_gib >= 1:
@@ -402,6 +409,8 @@ PROFILE_VALUES: dict[str, dict] = {
         # 100 words are about 130 of Qwen2.5's tokens: a budget of 160 lets a tip of the asked length end itself.
         response_tokens=32, tip_tokens=160, iterations=250, eval_every=10, checkpoint_every=10,
         minibatch_episodes=32,
+        # Full fine-tuning: a vLLM engine (--set rollout_engine=vllm) can only be sent the whole weights.
+        vllm_weight_sync="weights",
     ),
 }
 

@@ -25,10 +25,18 @@ What matches the transformers generator (`empo2.generation`):
   The trainer recomputes θ_old's log-probs itself, so vLLM's (bf16 kernels) are only recorded.
 - Conversations. Each call sends the whole conversation as token ids; the engine's prefix
   caching (`enable_prefix_caching=True`) finds the already-computed prefix (whole KV blocks).
-- Weights. Only the LoRA adapter travels: `AdapterFolder.publish` saves the peft adapter to a
-  new folder when its weights changed and the requests carry `LoRARequest(name, new id, folder)`;
-  vLLM loads it on first use and evicts the old one. No merging. Full fine-tuning
-  (`lora_rank=0`) is refused: it would need the whole weights sent to the engine.
+- Weights (`vllm_weight_sync`), sent when a trainable parameter changed:
+    adapter  (default) `AdapterFolder.publish` saves the peft adapter to a new folder and the requests
+             carry `LoRARequest(name, new id, folder)`; vLLM loads it on first use and applies it with
+             its LoRA kernels. LoRA only.
+    weights  the policy's weights merged (base + scale * B A for each LoRA layer; every
+             weight under full fine-tuning), saved by `WeightsFolder` as a checkpoint and reloaded in
+             place by each vLLM worker (`collective_rpc("reload_weights", weights_path=...)`, vLLM's
+             own in-place reload, which repacks weights for its kernels as the first load did); then
+             the prefix cache is emptied (its blocks were computed with the old weights). The engine
+             samples at the base model's speed (on a CPU about 3x faster decode steps than with
+             the adapter). Exact for full fine-tuning and in float32; merging a LoRA adapter into bf16
+             weights rounds most of a young adapter's change away (`benchmarks/merge_precision.py`).
 - Constrained decoding (`empo2.constrained`), `constraint`:
     tokens  exact (default). Each decision token is one request with `max_tokens=1` and
             `allowed_token_ids` = the trie's allowed set; forced runs are appended here with
@@ -76,6 +84,7 @@ MIN_VLLM = (0, 10, 1)
 LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """Values vLLM accepts for `max_lora_rank`."""
 CONSTRAINTS = ("tokens", "choice")
+WEIGHT_SYNCS = ("adapter", "weights")
 CHECK_BOUNDS = {"float32": 1e-3, "bfloat16": 0.1}
 """`main`'s bound on the largest log-prob gap between the engine and the policy, by dtype."""
 _INSTALL = ("install the gpu extra on a CUDA machine (pip install -e '.[gpu]'), or on a CPU run `make vllm-check`, "
@@ -443,15 +452,91 @@ class AdapterFolder:
         return self.current
 
 
+# ------------------------------------------------------------------ merged weights
+def merged_weights(model) -> dict[str, Any]:
+    """Every weight of `model` as its base model's checkpoint names it (what vLLM's loader reads), each LoRA layer
+    merged: W + scale * B A, computed in float32 and kept in W's dtype. A tied output layer appears once."""
+    import torch
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(model, PeftModel):
+        return {name: parameter.detach() for name, parameter in model.named_parameters()}
+    base_model = model.get_base_model()
+    merged = {}
+    with torch.no_grad():
+        for name, module in base_model.named_modules():
+            if isinstance(module, LoraLayer):
+                weight = module.get_base_layer().weight  # (out, in)
+                delta = sum(module.get_delta_weight(adapter).float() for adapter in module.active_adapters)
+                merged[f"{name}.weight"] = (weight.float() + delta).to(weight.dtype)
+    weights = {}
+    for name, parameter in base_model.named_parameters():
+        if "lora_" not in name:
+            name = name.replace(".base_layer.", ".")
+            weights[name] = merged.get(name, parameter.detach())
+    return weights
+
+
+def ties_output_layer(model_path: str) -> bool:
+    """Whether the model's output layer is its input embeddings (its config's tie_word_embeddings)."""
+    from transformers import AutoConfig
+
+    return bool(getattr(AutoConfig.from_pretrained(model_path), "tie_word_embeddings", False))
+
+
+def weights_version(model) -> tuple[int, ...]:
+    """Torch's version counter of each trainable parameter: it moves with every in-place change (an optimiser
+    step, a loaded checkpoint), and reading it costs nothing (no hashing of a 7B model's weights)."""
+    return tuple(parameter._version for parameter in model.parameters() if parameter.requires_grad)
+
+
+class WeightsFolder:
+    """The policy's merged weights as a one-file checkpoint (`model.safetensors`, in the engine's dtype) for the
+    engine's workers to reload, saved again only when a trainable parameter changed since the last save."""
+
+    def __init__(self, root: str | Path, dtype: str | None = None):
+        self.root = Path(root)
+        self.dtype = dtype
+        """The engine's weight dtype ("bfloat16", "float32"); None keeps the policy's."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.path = self.root / "model.safetensors"
+        self.saves = 0
+        self._version: tuple[int, ...] | None = None
+
+    def publish(self, model) -> Path | None:
+        """The folder to reload from when `model`'s weights changed since the last call (always on the first),
+        else None."""
+        version = weights_version(model)
+        if self.saves and version == self._version:
+            return None
+        from safetensors.torch import save_file
+
+        import torch
+
+        dtype = None if self.dtype is None else getattr(torch, self.dtype)
+        save_file({name: w.detach().to("cpu", dtype).contiguous() for name, w in merged_weights(model).items()},
+                  str(self.path))
+        self._version = version
+        self.saves += 1
+        return self.root
+
+
 # ------------------------------------------------------------------ the engine of a run
 class VLLMEngine:
-    """One vLLM engine per run (the base model, prefix caching, adapters by version); `generator()` per group."""
+    """One vLLM engine per run (prefix caching; the policy's weights loaded in place, or its adapter by version);
+    `generator()` per group."""
 
-    def __init__(self, llm, tokenizer, *, adapters: AdapterFolder | None = None, constraint: str = "tokens",
-                 seed: int = 0, api: VLLMApi | None = None, lora_request_class=None):
+    def __init__(self, llm, tokenizer, *, adapters: AdapterFolder | None = None, weights: WeightsFolder | None = None,
+                 constraint: str = "tokens", seed: int = 0, api: VLLMApi | None = None, lora_request_class=None):
+        if adapters is not None and weights is not None:
+            raise ValueError("VLLMEngine: send the adapter or the merged weights, not both")
         self.llm = llm
         self.tokenizer = tokenizer
         self.adapters = adapters
+        self.weights = weights
+        self.weight_loads = 0
+        """How many times new weights were loaded into the engine (weights sync)."""
         self.constraint = constraint
         self.rng = np.random.default_rng(seed)
         self.api = api
@@ -459,28 +544,50 @@ class VLLMEngine:
 
     @classmethod
     def from_config(cls, cfg, tokenizer, dtype: str = "bfloat16") -> "VLLMEngine":
-        """The engine an `EMPO2Config` describes (`vllm_gpu_memory` or `vllm_cpu_kv_cache_gib`, `vllm_constraint`;
-        LoRA when it trains), its weights in `dtype` (the policy's default, bf16)."""
-        if cfg.trains_weights and cfg.lora_rank == 0:
-            raise ValueError("rollout_engine: 'vllm' needs lora_rank > 0 when training (only the adapter is sent "
-                             "to the engine); use rollout_engine 'transformers' for full fine-tuning")
+        """The engine an `EMPO2Config` describes (`vllm_gpu_memory` or `vllm_cpu_kv_cache_gib`, `vllm_constraint`,
+        `vllm_weight_sync`), its weights in `dtype` (the policy's default, bf16)."""
+        sync = getattr(cfg, "vllm_weight_sync", "adapter")
+        if sync not in WEIGHT_SYNCS:
+            raise ValueError(f"vllm_weight_sync: {sync!r} is not allowed; choose one of {', '.join(WEIGHT_SYNCS)}")
+        if sync == "adapter" and cfg.trains_weights and cfg.lora_rank == 0:
+            raise ValueError("vllm_weight_sync: 'adapter' is not allowed with lora_rank 0 when training (there is no "
+                             "adapter to send); use 'weights'")
         constraint = getattr(cfg, "vllm_constraint", "tokens")
         if constraint not in CONSTRAINTS:
             raise ValueError(f"vllm_constraint: {constraint!r} is not allowed; choose one of {', '.join(CONSTRAINTS)}")
+        model_path = resolve_policy_path(cfg.model)
+        if sync == "weights" and cfg.trains_weights and cfg.lora_rank == 0 and ties_output_layer(model_path):
+            # Measured on vLLM 0.32's CPU build: every weight of SmolLM2 changed, the engine's log-probs were up to
+            # 0.32 off the policy's; with the embeddings left alone, 0.0000.
+            raise ValueError(f"lora_rank: 0 is not allowed with rollout_engine 'vllm' for {cfg.model}, whose output "
+                             "layer is tied to its embeddings (vLLM's in-place reload leaves that layer stale); "
+                             "train a LoRA adapter (lora_rank > 0) or use rollout_engine 'transformers'")
         vllm = import_vllm()
         from vllm.lora.request import LoRARequest
 
-        lora_rank = cfg.lora_rank if cfg.trains_weights else 0
+        lora_rank = cfg.lora_rank if cfg.trains_weights and sync == "adapter" else 0
         device = "cpu" if cfg.device == "cpu" else "cuda"
         if device == "cpu":
             for name, value in cpu_environment(cfg.vllm_cpu_kv_cache_gib).items():
                 os.environ.setdefault(name, value)  # one the user set wins
-        llm = vllm.LLM(**engine_kwargs(resolve_policy_path(cfg.model), lora_rank=lora_rank,
+        llm = vllm.LLM(**engine_kwargs(model_path, lora_rank=lora_rank,
                                        gpu_memory=getattr(cfg, "vllm_gpu_memory", 0.35), seed=cfg.seed, device=device,
                                        dtype=dtype))
         adapters = AdapterFolder(tempfile.mkdtemp(prefix="empo2-adapters-")) if lora_rank else None
-        return cls(llm, tokenizer, adapters=adapters, constraint=constraint, seed=cfg.seed,
+        weights = WeightsFolder(tempfile.mkdtemp(prefix="empo2-weights-"), dtype) if sync == "weights" else None
+        return cls(llm, tokenizer, adapters=adapters, weights=weights, constraint=constraint, seed=cfg.seed,
                    api=VLLMApi.load(), lora_request_class=LoRARequest)
+
+    def sync_weights(self, model) -> bool:
+        """Load `model`'s merged weights into the engine if they changed since the last load (weights sync);
+        True when it loaded."""
+        folder = None if self.weights is None else self.weights.publish(model)
+        if folder is None:
+            return False
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        self.llm.reset_prefix_cache()  # its cached blocks hold keys and values of the old weights
+        self.weight_loads += 1
+        return True
 
     def lora_request(self, model):
         """The LoRARequest of `model`'s current adapter (published if it changed); None without adapters."""
@@ -490,22 +597,31 @@ class VLLMEngine:
         return self._lora_request_class(version.name, version.id, str(version.path))
 
     def generator(self, model, num_slots: int, *, temperature: float) -> VLLMGenerator:
-        """A generator for one group, sampling from `model`'s current adapter."""
+        """A generator for one group, sampling from `model`'s current weights (loaded, or its adapter)."""
+        self.sync_weights(model)
         return VLLMGenerator(self.llm, self.tokenizer, num_slots, temperature=temperature,
                              lora_request=self.lora_request(model), constraint=self.constraint, rng=self.rng,
                              api=self.api)
 
     def close(self) -> None:
-        if self.adapters is not None:
-            shutil.rmtree(self.adapters.root, ignore_errors=True)
+        """Stop the engine's processes (and free their memory) now, and delete the weights sent to it."""
+        # `vllm.LLM` has no close(); without this the engine process lives until garbage collection, and a second
+        # engine in the same process (the benchmark starts three) ran a 24 GB machine out of memory.
+        engine_core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown()
+        for folder in (self.adapters, self.weights):
+            if folder is not None:
+                shutil.rmtree(folder.root, ignore_errors=True)
         self.llm = None
 
 
 # ------------------------------------------------------------------ a check with vLLM
 def main(argv: list[str] | None = None) -> int:
-    """Sample one corridor group with vLLM (both constraint ways, and free text), score the samples with the
-    policy itself, and print the largest log-prob gap over decision tokens. Needs vllm (on a CPU: its CPU
-    build, `make vllm-check`)."""
+    """Sample one corridor group with vLLM (both constraint ways, and free text) from a policy whose LoRA adapter is
+    not zero (as after training), score the samples with the policy itself, and print the largest log-prob gap over
+    decision tokens, and how far the adapter moves those log-probs from the base model's (what a weight sync that
+    did not arrive would show). Needs vllm (on a CPU: its CPU build, `make vllm-check`)."""
     import argparse
 
     import torch
@@ -515,12 +631,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the policy and the engine run (default: cuda when there is one)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                         help="the weights of both the policy and the engine (float32 shows what bf16 rounding costs)")
+    parser.add_argument("--weight-sync", choices=WEIGHT_SYNCS, default=EMPO2Config.vllm_weight_sync,
+                        help="how the policy's weights reach the engine (the config's vllm_weight_sync)")
     args = parser.parse_args(argv)
-    cfg = EMPO2Config.from_profile("ci", env="corridor", method="grpo", device=args.device)
+    cfg = EMPO2Config.from_profile("ci", env="corridor", method="grpo", device=args.device,
+                                   vllm_weight_sync=args.weight_sync)
     model, tokenizer = load_policy(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                    lora_target_modules=cfg.lora_target_modules, device=cfg.device,
                                    dtype=getattr(torch, args.dtype))
     model.eval()
+    draw = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a trained adapter stands in (a fresh one is zero: the engine's base weights would pass)
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.02 * torch.randn(parameter.shape, generator=draw))
     env = make_env("corridor")
     observation, info = env.reset(env.train_variations[0])
     messages = [Message("system", SYSTEM_PROMPT),
@@ -534,20 +658,25 @@ def main(argv: list[str] | None = None) -> int:
         generator = engine.generator(model, 8, temperature=cfg.temperature)
         responses = generator.generate({slot: prompt for slot in range(8)}, cfg.response_tokens,
                                        None if constraints is None else {slot: constraints for slot in range(8)})
-        gap = 0.0
+        gap = moved = 0.0
         for response in responses.values():
             span = [(len(prompt), len(prompt) + len(response.ids))]
             with torch.no_grad():
                 ours = sequence_logprobs(model, prompt + response.ids, span, temperature=cfg.temperature,
                                          allowed=response.allowed).float().cpu()
+                with model.disable_adapter():
+                    base = sequence_logprobs(model, prompt + response.ids, span, temperature=cfg.temperature,
+                                             allowed=response.allowed).float().cpu()
             theirs = torch.tensor(response.logprobs)
             decided = ~torch.isnan(theirs)
             if decided.any():
                 gap = max(gap, float((ours[decided] - theirs[decided]).abs().max()))
+                moved = max(moved, float((ours[decided] - base[decided]).abs().max()))
         texts = sorted({tokenizer.decode(r.ids, skip_special_tokens=True) for r in responses.values()})
         held = args.dtype == "float32" or way == "tokens"
         print(f"vllm {way:6s}: max |log-prob gap| {gap:.4f} over decision tokens ({'held to the bound' if held else 'reported'}"
-              f"), {generator.engine_calls} engine calls, {generator.respelled} re-spelled; sampled {texts[:4]}")
+              f"; the adapter moves them up to {moved:.4f} from the base model's), {generator.engine_calls} engine "
+              f"calls, {generator.respelled} re-spelled; sampled {texts[:4]}")
         worst = max(worst, gap) if held else worst
     engine.close()
     # float32: the engine must sample exactly the distribution the update scores. bf16: its kernels round
@@ -555,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     # 0.24, free text 0.18), so only the trie's small sets are held to 0.1 there.
     bound = CHECK_BOUNDS[args.dtype]
     print(f"vllm check: largest held gap {worst:.4f} ({'PASSED' if worst < bound else 'FAILED'}: {args.dtype} engine "
-          f"vs policy on {args.device}, bound {bound})")
+          f"vs policy on {args.device}, weight sync {args.weight_sync}, {engine.weight_loads} weight loads, bound {bound})")
     return 0 if worst < bound else 1
 
 

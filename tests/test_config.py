@@ -18,6 +18,7 @@ INVALID = [
     ("device", "tpu", "device"),
     ("rollout_engine", "sglang", "rollout_engine: 'sglang' is not allowed; choose one of transformers, vllm"),
     ("vllm_constraint", "grammar", "vllm_constraint"),
+    ("vllm_weight_sync", "lora", "vllm_weight_sync: 'lora' is not allowed; choose one of adapter, weights"),
     ("vllm_gpu_memory", 0.0, "vllm_gpu_memory"),
     ("vllm_cpu_kv_cache_gib", 0.0, "vllm_cpu_kv_cache_gib"),
     ("p", 1.5, r"p: 1.5 is out of range; allowed \[0.0, 1.0\]"),

@@ -4,7 +4,8 @@ vLLM does not share the project's venv (its CPU build pins an older transformers
 these tests check our side without it: the sampling and engine settings we pass, the conversion
 of vLLM-shaped outputs (the documented `outputs[0].token_ids` / `outputs[0].logprobs` fields)
 into `Response`s, the constrained decoding loop driven by a stand-in engine that honours
-`max_tokens`, `stop_token_ids` and `allowed_token_ids` as documented, and the adapter versions.
+`max_tokens`, `stop_token_ids` and `allowed_token_ids` as documented, the adapter versions and
+the merged weights that the engine reloads.
 The last test runs the real engine on this CPU (`python -m empo2.vllm_engine`) where `make
 vllm-check` has built .venv-vllm, and says it skipped where it has not.
 """
@@ -145,11 +146,29 @@ def test_sampling_and_engine_settings_match_the_trainers_distribution():
         ve.lora_rank_slot(1024)
 
 
-def test_from_config_refuses_full_fine_tuning_and_unknown_constraint_ways(monkeypatch):
+def test_from_config_refuses_an_adapter_without_lora_and_unknown_ways(monkeypatch, tmp_path):
+    from transformers import LlamaConfig
+
     monkeypatch.setitem(sys.modules, "vllm", None)
-    full = EMPO2Config.from_profile("ci", env="corridor", method="grpo", lora_rank=0)
-    with pytest.raises(ValueError, match="lora_rank > 0"):
+    untied = tmp_path / "untied"
+    LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                tie_word_embeddings=False).save_pretrained(untied)
+    full = EMPO2Config.from_profile("ci", env="corridor", method="grpo", lora_rank=0, model=str(untied),
+                                    vllm_weight_sync="weights")
+    with pytest.raises(ImportError, match="gpu"):  # full fine-tuning through the merged weights: allowed
         ve.VLLMEngine.from_config(full, None)
+    tied = EMPO2Config.from_profile("ci", env="corridor", method="grpo", lora_rank=0,
+                                    vllm_weight_sync="weights")  # SmolLM2 ties its output layer
+    with pytest.raises(ValueError, match="lora_rank: 0 is not allowed with rollout_engine 'vllm' for .*tied"):
+        ve.VLLMEngine.from_config(tied, None)
+    with pytest.raises(ValueError, match="vllm_weight_sync: 'adapter' is not allowed with lora_rank 0"):
+        EMPO2Config.from_profile("ci", env="corridor", method="grpo", lora_rank=0, rollout_engine="vllm",
+                                 vllm_weight_sync="adapter")
+    no_adapter = SimpleNamespace(trains_weights=True, lora_rank=0, vllm_weight_sync="adapter")
+    with pytest.raises(ValueError, match="vllm_weight_sync: 'adapter' is not allowed with lora_rank 0"):
+        ve.VLLMEngine.from_config(no_adapter, None)
+    with pytest.raises(ValueError, match="vllm_weight_sync: 'lora' is not allowed; choose one of adapter, weights"):
+        ve.VLLMEngine.from_config(SimpleNamespace(trains_weights=True, lora_rank=4, vllm_weight_sync="lora"), None)
     odd = SimpleNamespace(trains_weights=True, lora_rank=4, vllm_constraint="regex")
     with pytest.raises(ValueError, match="vllm_constraint: 'regex' is not allowed"):
         ve.VLLMEngine.from_config(odd, None)
@@ -369,16 +388,99 @@ def test_engine_generators_carry_the_current_adapter(tmp_path, tok):
     assert not (tmp_path / "a").exists()
 
 
+# ------------------------------------------------------------------ merged weights
+def trained_lora_model():
+    """The tiny LoRA model after one real optimiser step (its B matrices are no longer zero)."""
+    model = tiny_lora_model()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
+    model(torch.tensor([[1, 2, 3, 4]]), labels=torch.tensor([[1, 2, 3, 4]])).loss.backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_merged_weights_are_the_peft_merge_under_the_base_models_names():
+    import copy
+
+    model, _ = trained_lora_model()
+    weights = ve.merged_weights(model)
+    reference = copy.deepcopy(model).merge_and_unload()  # peft's own merge
+    assert set(weights) == {name for name, _ in reference.named_parameters()}
+    assert not any("lora_" in name or "base_layer" in name for name in weights)
+    for name, parameter in reference.named_parameters():
+        torch.testing.assert_close(weights[name], parameter.detach(), rtol=1e-6, atol=1e-6)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(weights[q], model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight)
+    plain = torch.nn.Linear(3, 2)
+    assert set(ve.merged_weights(plain)) == {"weight", "bias"}
+
+
+def test_weights_folder_saves_again_only_after_the_weights_change(tmp_path):
+    from safetensors.torch import load_file
+
+    model, optimizer = trained_lora_model()
+    folder = ve.WeightsFolder(tmp_path / "w")
+    assert folder.publish(model) == tmp_path / "w"  # the first call always saves
+    saved = load_file(tmp_path / "w" / "model.safetensors")
+    assert saved.keys() == ve.merged_weights(model).keys()
+    assert folder.publish(model) is None and folder.saves == 1  # unchanged
+    model(torch.tensor([[4, 3, 2, 1]]), labels=torch.tensor([[4, 3, 2, 1]])).loss.backward()
+    optimizer.step()  # an in-place update moves the parameters' version counters
+    assert folder.publish(model) == tmp_path / "w" and folder.saves == 2
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(load_file(tmp_path / "w" / "model.safetensors")[q], saved[q])
+    halved = ve.WeightsFolder(tmp_path / "bf16", "bfloat16")  # saved in the engine's dtype
+    halved.publish(model)
+    assert {w.dtype for w in load_file(tmp_path / "bf16" / "model.safetensors").values()} == {torch.bfloat16}
+
+
+def test_engine_reloads_merged_weights_when_they_change_and_empties_its_prefix_cache(tmp_path, tok):
+    class ReloadingLLM(FakeLLM):
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            self.calls.append(("rpc", method, kwargs))
+
+        def reset_prefix_cache(self):
+            self.calls.append(("reset",))
+
+        @property
+        def llm_engine(self):
+            return SimpleNamespace(engine_core=SimpleNamespace(shutdown=lambda: self.calls.append(("shutdown",))))
+
+    model, optimizer = trained_lora_model()
+    llm = ReloadingLLM({0: [1]}, lambda slot, params: [tok.eos_token_id])
+    engine = ve.VLLMEngine(llm, tok, weights=ve.WeightsFolder(tmp_path / "w"), api=API)
+    for _ in range(2):
+        generator = engine.generator(model, 1, temperature=1.0)
+        assert generator.lora_request is None  # the engine holds the merged weights itself
+        generator.generate({0: [1]}, 4)
+    model(torch.tensor([[4, 3, 2, 1]]), labels=torch.tensor([[4, 3, 2, 1]])).loss.backward()
+    optimizer.step()
+    engine.generator(model, 1, temperature=1.0).generate({0: [1]}, 4)
+    kinds = [call[0] if call[0] in ("rpc", "reset") else "generate" for call in llm.calls]
+    assert kinds == ["rpc", "reset", "generate", "generate", "rpc", "reset", "generate"]
+    assert llm.calls[0][1:] == ("reload_weights", {"weights_path": str(tmp_path / "w")})
+    assert engine.weight_loads == 2
+    with pytest.raises(ValueError, match="not both"):
+        ve.VLLMEngine(llm, tok, weights=ve.WeightsFolder(tmp_path / "x"), adapters=ve.AdapterFolder(tmp_path / "a"))
+    engine.close()
+    assert llm.calls[-1] == ("shutdown",)  # the engine's processes stop now, not at garbage collection
+    assert not (tmp_path / "w").exists()
+
+
 # ------------------------------------------------------------------ vLLM itself, on this CPU
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.exists(),
                     reason="vLLM's CPU build is not installed here: `make vllm-check` builds .venv-vllm and runs this")
-def test_the_engine_on_this_cpu_samples_what_the_update_scores():
-    """The real engine, float32: the three ways' log-probs equal the policy's within 1e-3."""
-    done = subprocess.run([str(VLLM_PYTHON), "-m", "empo2.vllm_engine", "--device", "cpu", "--dtype", "float32"],
+@pytest.mark.parametrize("sync", ve.WEIGHT_SYNCS)
+def test_the_engine_on_this_cpu_samples_what_the_update_scores(sync):
+    """The real engine, float32, with a non-zero adapter sent either way: the three ways' log-probs equal the
+    policy's within 1e-3, where the adapter moves them by far more (a sync that did not arrive would fail)."""
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "empo2.vllm_engine", "--device", "cpu", "--dtype", "float32",
+                           "--weight-sync", sync],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("vllm")]
     assert done.returncode == 0 and len(lines) == 4 and "PASSED" in lines[-1], done.stdout[-2000:] + done.stderr[-2000:]
+    moved = [float(line.split("move them up to ")[1].split()[0]) for line in lines[:3]]
+    assert max(moved) > 0.01, lines
