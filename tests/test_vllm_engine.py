@@ -482,5 +482,5 @@ def test_the_engine_on_this_cpu_samples_what_the_update_scores(sync):
                           timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("vllm")]
     assert done.returncode == 0 and len(lines) == 4 and "PASSED" in lines[-1], done.stdout[-2000:] + done.stderr[-2000:]
-    moved = [float(line.split("move them up to ")[1].split()[0]) for line in lines[:3]]
+    moved = [float(line.split("moves them up to ")[1].split()[0]) for line in lines[:3]]
     assert max(moved) > 0.01, lines
