@@ -510,9 +510,8 @@ class WeightsFolder:
         version = weights_version(model)
         if self.saves and version == self._version:
             return None
-        from safetensors.torch import save_file
-
         import torch
+        from safetensors.torch import save_file
 
         dtype = None if self.dtype is None else getattr(torch, self.dtype)
         save_file({name: w.detach().to("cpu", dtype).contiguous() for name, w in merged_weights(model).items()},
