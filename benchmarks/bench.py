@@ -296,7 +296,7 @@ def engine_comparison(args, model, tokenizer, envs, variation) -> None:
     """Section 6: prefill, decode and a weight change on the default engine and on vLLM with each weight sync,
     then two GRPO iterations through the trainer on each."""
     from empo2.trainer import Trainer
-    from empo2.vllm_engine import WEIGHT_SYNCS, VLLMEngine
+    from empo2.vllm_engine import WEIGHT_SYNCS, VLLMEngine, stand_in_adapter
 
     # Output is flushed at once: vLLM forks workers, which would print a buffered copy again on exit. The engines'
     # KV caches get 2 GiB (93k tokens, a group's conversations need under 20k): this process holds the policy twice.
@@ -304,10 +304,9 @@ def engine_comparison(args, model, tokenizer, envs, variation) -> None:
     print(f"\n6. rollout engines, {len(prompts)} first-turn prompts of about {round(np.mean([len(p) for p in prompts.values()]))} "
           f"tokens; the policy's LoRA adapter (rank 8) is trained, so its B matrices are not zero", flush=True)
     draw = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(0.01 * torch.randn(parameter.shape, generator=draw))
+    stand_in_adapter(model, 0.01, draw)
+    engines = {"transformers": dict(rollout_engine="transformers")} | {
+        f"vllm {sync}": dict(rollout_engine="vllm", vllm_weight_sync=sync, vllm_cpu_kv_cache_gib=2) for sync in WEIGHT_SYNCS}
     new_tokens = 33
     prefill, decode, changed = {}, {}, {}
 
@@ -327,11 +326,9 @@ def engine_comparison(args, model, tokenizer, envs, variation) -> None:
     longer, length = timed(GroupGenerator(model, tokenizer, len(prompts), temperature=1.0), new_tokens)
     prefill["transformers"], decode["transformers"] = one, (longer - one) / max(1, length - 1)
     changed["transformers"] = one  # the policy itself needs no sync: a first call prefills as ever
-    for sync in WEIGHT_SYNCS:
-        name = f"vllm {sync}"
+    for name, settings in list(engines.items())[1:]:
         started = time.perf_counter()
-        engine = VLLMEngine.from_config(laptop_config(args, method="grpo", rollout_engine="vllm", vllm_weight_sync=sync,
-                                                      vllm_cpu_kv_cache_gib=2), tokenizer)
+        engine = VLLMEngine.from_config(laptop_config(args, method="grpo", **settings), tokenizer)
         print(f"   {name}: started in {time.perf_counter() - started:.0f} s", flush=True)
         generator = engine.generator(model, len(prompts), temperature=1.0)
         timed(generator, 1, {slot: [p[0] + 1] + p[1:] for slot, p in prompts.items()})  # loads the weights, caches nothing reused
@@ -353,12 +350,10 @@ def engine_comparison(args, model, tokenizer, envs, variation) -> None:
     print(f"   weights vs adapter sync: decode step {decode['vllm adapter'] / decode['vllm weights']:.2f}x faster, first "
           f"call after a change {changed['vllm adapter'] / changed['vllm weights']:.2f}x faster", flush=True)
     iterations = {}
-    for name in ("transformers", *(f"vllm {sync}" for sync in WEIGHT_SYNCS)):
-        engine_settings = (dict(rollout_engine="transformers") if name == "transformers" else
-                           dict(rollout_engine="vllm", vllm_weight_sync=name.split()[1], vllm_cpu_kv_cache_gib=2))
+    for name, settings in engines.items():
         with tempfile.TemporaryDirectory() as folder:
             config = laptop_config(args, method="grpo", results_dir=folder, iterations=2, eval_every=100,
-                                   checkpoint_every=0, n_train_variations=1, **engine_settings)
+                                   checkpoint_every=0, n_train_variations=1, **settings)
             with Trainer(config, show_progress=False) as trainer:
                 iterations[name] = [trainer.train_iteration() for _ in range(2)]
     for name, rows in iterations.items():

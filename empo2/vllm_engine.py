@@ -37,6 +37,7 @@ What matches the transformers generator (`empo2.generation`):
              samples at the base model's speed (on a CPU about 3x faster decode steps than with
              the adapter). Exact for full fine-tuning and in float32; merging a LoRA adapter into bf16
              weights rounds most of a young adapter's change away (`benchmarks/merge_precision.py`).
+             Needs workers with `reload_weights(weights_path=...)` (run on vLLM 0.32's CPU build).
 - Constrained decoding (`empo2.constrained`), `constraint`:
     tokens  exact (default). Each decision token is one request with `max_tokens=1` and
             `allowed_token_ids` = the trie's allowed set; forced runs are appended here with
@@ -616,6 +617,17 @@ class VLLMEngine:
 
 
 # ------------------------------------------------------------------ a check with vLLM
+def stand_in_adapter(model, std: float, generator) -> None:
+    """Draw the LoRA B matrices N(0, std²), so the adapter moves the policy as a trained one does (a fresh adapter
+    is zero, and an engine holding only the base weights would then look right)."""
+    import torch
+
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(std * torch.randn(parameter.shape, generator=generator))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Sample one corridor group with vLLM (both constraint ways, and free text) from a policy whose LoRA adapter is
     not zero (as after training), score the samples with the policy itself, and print the largest log-prob gap over
@@ -639,11 +651,7 @@ def main(argv: list[str] | None = None) -> int:
                                    lora_target_modules=cfg.lora_target_modules, device=cfg.device,
                                    dtype=getattr(torch, args.dtype))
     model.eval()
-    draw = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # a trained adapter stands in (a fresh one is zero: the engine's base weights would pass)
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(0.02 * torch.randn(parameter.shape, generator=draw))
+    stand_in_adapter(model, 0.02, torch.Generator().manual_seed(0))
     env = make_env("corridor")
     observation, info = env.reset(env.train_variations[0])
     messages = [Message("system", SYSTEM_PROMPT),
