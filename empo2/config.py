@@ -385,7 +385,7 @@ PROFILE_VALUES: dict[str, dict] = {
     "ci": dict(
         group_size=2, groups_per_iteration=1, n_train_variations=1, n_test_variations=1, max_steps=3,
         response_tokens=12, tip_tokens=16, iterations=2, eval_every=2, checkpoint_every=1,
-        lora_rank=4, lora_alpha=8, lr=1e-4, action_decoding="constrained",
+        lora_rank=4, lora_alpha=8, lr=1e-4, action_decoding="constrained", tip_decoding="constrained",
     ),
     # At most about 30 minutes per training run on a 2-core CPU: one group of 8 episodes of at most
     # 15 steps per iteration, 10 iterations (80 training episodes, 2 optimiser steps each iteration),
@@ -425,7 +425,7 @@ WEBSHOP_VALUES: dict[str, dict] = {
     # and no KL term, so that groups whose scores are all equal cost no update at all.
     "laptop": dict(max_steps=8, response_tokens=20, kl_beta=0.0, prompt_style="chat",
                    n_train_variations=20, n_test_variations=8, iterations=4, eval_every=4),
-    "ci": dict(max_steps=3, kl_beta=0.01, prompt_style="single_turn", history_turns=2),
+    "ci": dict(max_steps=3, kl_beta=0.01, prompt_style="single_turn", history_turns=2, webshop_query="words"),
 }
 
 # TextWorldExpress: a game whose steps cost almost nothing (the JVM steps in about a millisecond), so that the

@@ -107,5 +107,7 @@ def test_memory_entries_with_constrained_tips_round_trip(tipped, tmp_path):
 def test_profiles_choose_their_tips():
     paper = EMPO2Config.from_profile("paper")
     assert paper.tip_decoding == "free" and paper.tip_tokens >= 130  # 100 words fit the free budget
+    assert EMPO2Config.from_profile("ci").tip_decoding == "constrained"
+    assert EMPO2Config.from_profile("ci", env="webshop").tip_decoding == "constrained"
     with pytest.raises(ValueError, match="tip_decoding: 'short' is not allowed; choose one of free, constrained"):
         EMPO2Config.from_profile("ci", tip_decoding="short")

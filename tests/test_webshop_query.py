@@ -58,6 +58,8 @@ def test_the_prompt_shows_no_placeholder_query_and_the_config_needs_constrained_
     with pytest.raises(ValueError, match="webshop_query: 'words' needs action_decoding 'constrained'"):
         EMPO2Config.from_profile("paper", env="webshop", webshop_query="words")
     assert EMPO2Config.from_profile("laptop", env="webshop", webshop_query="words").webshop_query == "words"
+    assert EMPO2Config.from_profile("ci", env="webshop").webshop_query == "words"
+    assert EMPO2Config.from_profile("paper", env="webshop").webshop_query == "free"
 
 
 def test_constrained_queries_are_goal_words_and_score_alike_in_sampler_and_update(policy_fp32, embedder):
