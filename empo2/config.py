@@ -23,6 +23,8 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from empo2.prompts import TIP_TEMPLATES
+
 METHODS = ("empo2", "grpo", "naive", "memory_only")
 PROFILES = ("ci", "laptop", "paper")
 
@@ -112,6 +114,11 @@ class EMPO2Config:
     action it took>. Next, try: <an admissible action it saw>." (`prompts.tip_template`), choosing each
     slot from its own probabilities renormalised over that slot's token trie, as it chooses actions;
     such a tip always ends by itself."""
+    tip_template: str = "helpful_avoid_next"
+    """The slots of a constrained tip (`prompts.tip_template`): helpful_avoid_next, the three slots above
+    whatever the score (both of the first two take the episode's actions, so one action can fill both);
+    by_score, "Helpful: <an action it took>. Next, try: <...>." after a score above 0, and "Avoid: <an
+    action it took>. Next, try: <...>." otherwise, the tip prompt asking for those slots only."""
     temperature: float = 1.0
     """Sampling temperature of training rollouts (paper: 1.0)."""
     eval_temperature: float = 0.4
@@ -228,6 +235,7 @@ class EMPO2Config:
             "mode_granularity": ("rollout", "iteration"), "memory_scope": ("variation", "task"),
             "delta_mode": ("token", "sequence", "none"), "device": None, "prompt_style": ("chat", "single_turn"),
             "action_decoding": ("free", "constrained"), "tip_decoding": ("free", "constrained"),
+            "tip_template": TIP_TEMPLATES,
             "webshop_goals": ("synthetic", "human"), "webshop_query": ("free", "words"), "rollout_engine": ("transformers", "vllm"),
             "vllm_constraint": ("tokens", "choice"), "vllm_weight_sync": ("adapter", "weights"),
         }
@@ -245,6 +253,8 @@ class EMPO2Config:
 
             if self.task not in GAME_NAMES:
                 raise ValueError(f"task: {self.task!r} is not a TextWorldExpress game; choose one of {', '.join(GAME_NAMES)}")
+        if self.tip_template != "helpful_avoid_next" and self.tip_decoding != "constrained":
+            raise ValueError(f"tip_template: {self.tip_template!r} needs tip_decoding 'constrained' (free tips have no slots)")
         if self.webshop_query == "words" and self.action_decoding != "constrained":
             raise ValueError("webshop_query: 'words' needs action_decoding 'constrained' (free text is not constrained)")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

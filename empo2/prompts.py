@@ -26,19 +26,44 @@ CONSTRAINED_TIP_PROMPT = (
     "Thank you. This attempt has ended with score {score:.0f}. Write a tip for your next attempt: "
     "the action that helped most, the action to avoid, and an action to try next time."
 )
-"""The tip prompt of `tip_decoding="constrained"`: the reply is then `tip_template`'s text."""
+"""The tip prompt of `tip_decoding="constrained"` with `tip_template="helpful_avoid_next"`."""
+
+TIP_ASKS_BY_SCORE = {
+    True: "the action that helped most, and an action to try next time.",
+    False: "the action to avoid, and an action to try next time.",
+}
+"""What the tip prompt of `tip_template="by_score"` asks for, after a score above 0 (True) or not."""
+
+TIP_TEMPLATES = ("helpful_avoid_next", "by_score")
 
 
-def tip_template(taken: list[str], seen: list[str]) -> list[list[str]]:
-    """The pieces of a constrained tip: literals and three slots, each slot a choice among episode text.
+def constrained_tip_prompt(score: float, template: str = "helpful_avoid_next") -> str:
+    """The tip prompt of a constrained tip: the final score, then what the template's slots hold."""
+    if template == "helpful_avoid_next":
+        return CONSTRAINED_TIP_PROMPT.format(score=score)
+    return (f"Thank you. This attempt has ended with score {score:.0f}. Write a tip for your next attempt: "
+            + TIP_ASKS_BY_SCORE[score > 0])
 
+
+def tip_template(taken: list[str], seen: list[str], score: float = 0.0,
+                 template: str = "helpful_avoid_next") -> list[list[str]]:
+    """The pieces of a constrained tip: literals and slots, each slot a choice among episode text.
+
+    helpful_avoid_next (whatever the score):
         Helpful: <an action it took>. Avoid: <an action it took>. Next, try: <an admissible action it saw>.
+    by_score (the first slot's name follows the score, so one action is never both):
+        Helpful: <an action it took>. Next, try: <an admissible action it saw>.   (score above 0)
+        Avoid: <an action it took>. Next, try: <an admissible action it saw>.     (score 0 or below)
 
     `taken`: the actions the episode executed; `seen`: the admissible actions of the states it acted in
     (those it did not take, or all of them if it took every one).
     """
+    if template not in TIP_TEMPLATES:
+        raise ValueError(f"tip_template: {template!r} is not allowed; choose one of {', '.join(TIP_TEMPLATES)}")
     untried = [a for a in seen if a not in set(taken)] or list(seen)
     slot = lambda actions: [f" {a}." for a in actions]  # noqa: E731
+    if template == "by_score":
+        return [["Helpful:" if score > 0 else "Avoid:"], slot(taken), [" Next, try:"], slot(untried)]
     return [["Helpful:"], slot(taken), [" Avoid:"], slot(taken), [" Next, try:"], slot(untried)]
 
 

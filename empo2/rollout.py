@@ -27,8 +27,8 @@ from empo2.chat import ChatFormat, Message, format_tip_block
 from empo2.constrained import FREE_TEXT, ActionEncoder, TemplateConstraint, action_text
 from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, Episode, Mode, Turn
 from empo2.generation import GroupGenerator
-from empo2.prompts import (CONSTRAINED_TIP_PROMPT, SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, extract_action,
-                           memory_content, single_turn_prompt, tip_template)
+from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, TIP_TEMPLATES, constrained_tip_prompt,
+                           extract_action, memory_content, single_turn_prompt, tip_template)
 from empo2.vllm_engine import VLLMEngine
 
 
@@ -81,7 +81,8 @@ class Roller:
                  sampling_rng: torch.Generator | None = None, memory_scope: str = "variation",
                  prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True,
                  action_decoding: str = "free", parallel_envs: bool = True, cache_layout: str = "ragged",
-                 engine=None, repeat_tips: bool = True, tip_decoding: str = "free"):
+                 engine=None, repeat_tips: bool = True, tip_decoding: str = "free",
+                 tip_template: str = "helpful_avoid_next"):
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer)
@@ -117,6 +118,10 @@ class Roller:
         self.tip_decoding = tip_decoding
         self.tip_texts = ActionEncoder(tokenizer) if tip_decoding == "constrained" else None
         """Tokenises the pieces of constrained tips; None for free-text tips."""
+        if tip_template not in TIP_TEMPLATES:
+            raise ValueError(f"tip_template: {tip_template!r} is not allowed; choose one of {', '.join(TIP_TEMPLATES)}")
+        self.tip_template = tip_template
+        """The slots of a constrained tip (`prompts.tip_template`)."""
         self.timer = RolloutTimer()
         self.last_generator: GroupGenerator | None = None
 
@@ -129,7 +134,7 @@ class Roller:
                    memory_scope=memory_scope or cfg.memory_scope, prompt_style=cfg.prompt_style,
                    history_turns=cfg.history_turns, think_first=cfg.think_first, action_decoding=cfg.action_decoding,
                    engine=VLLMEngine.from_config(cfg, tokenizer) if cfg.rollout_engine == "vllm" else None,
-                   repeat_tips=cfg.repeat_tips, tip_decoding=cfg.tip_decoding)
+                   repeat_tips=cfg.repeat_tips, tip_decoding=cfg.tip_decoding, tip_template=cfg.tip_template)
 
     def scope(self, task: str, variation: int) -> str:
         return f"{task}:{variation}" if self.memory_scope == "variation" else task
@@ -293,13 +298,15 @@ class Roller:
         constrained template whose slots hold text from the episode (`prompts.tip_template`)."""
         prompts, constraints = {}, {}
         for i, episode in enumerate(episodes):
-            prompt = TIP_PROMPT if self.tip_texts is None else CONSTRAINED_TIP_PROMPT
-            episode.messages.append(Message("user", prompt.format(score=episode.score)))
+            prompt = (TIP_PROMPT.format(score=episode.score) if self.tip_texts is None
+                      else constrained_tip_prompt(episode.score, self.tip_template))
+            episode.messages.append(Message("user", prompt))
             prompts[i] = self.chat.render(episode.messages, add_generation_prompt=True).ids()
             taken = [t.executed_action for t in episode.turns if t.executed_action]
             if self.tip_texts is not None and taken:
-                constraints[i] = TemplateConstraint(self.tip_texts,
-                                                    tip_template(list(dict.fromkeys(taken)), list(episode.seen_actions)))
+                pieces = tip_template(list(dict.fromkeys(taken)), list(episode.seen_actions), episode.score,
+                                      self.tip_template)
+                constraints[i] = TemplateConstraint(self.tip_texts, pieces)
         responses = generator.generate(prompts, self.tip_tokens, constraints)
         for i, episode in enumerate(episodes):
             episode.tip_ids = list(responses[i].ids)

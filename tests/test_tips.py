@@ -15,10 +15,11 @@ from empo2.generation import GroupGenerator
 from empo2.logprobs import sequence_logprobs
 from empo2.episode import PLAIN
 from empo2.memory import TipMemory
-from empo2.prompts import CONSTRAINED_TIP_PROMPT, tip_template
+from empo2.prompts import CONSTRAINED_TIP_PROMPT, constrained_tip_prompt, tip_template
 from empo2.rollout import Roller
 
 TEMPLATE = re.compile(r"Helpful: (.+)\. Avoid: (.+)\. Next, try: (.+)\.")
+BY_SCORE = re.compile(r"(Helpful|Avoid): (.+)\. Next, try: (.+)\.")
 
 
 def test_a_template_spells_one_candidate_per_piece_and_nothing_else(tokenizer):
@@ -102,6 +103,42 @@ def test_memory_entries_with_constrained_tips_round_trip(tipped, tmp_path):
     entries = [(e.content, e.score, e.scope) for e in loaded.entries()]
     assert entries == [(e.content, e.score, e.scope) for e in roller.memory.entries()]
     assert all("Tip: Helpful: " in content for content, _, _ in entries)
+
+
+def test_the_by_score_template_names_its_first_slot_after_the_score():
+    taken, seen = ["open door to east", "look around"], ["open door to east", "look around", "move west"]
+    assert tip_template(taken, seen, 100.0, "by_score") == [
+        ["Helpful:"], [" open door to east.", " look around."], [" Next, try:"], [" move west."]]
+    assert tip_template(taken, seen, 0.0, "by_score")[0] == ["Avoid:"]
+    assert tip_template(taken, seen, -100.0, "by_score")[0] == ["Avoid:"]
+    assert [piece[0] for piece in tip_template(taken, seen, 100.0)][::2] == ["Helpful:", " Avoid:", " Next, try:"]
+    assert "helped most" in constrained_tip_prompt(7.0, "by_score") and "avoid" not in constrained_tip_prompt(7.0, "by_score")
+    assert "to avoid" in constrained_tip_prompt(0.0, "by_score") and "helped" not in constrained_tip_prompt(0.0, "by_score")
+    assert constrained_tip_prompt(3.0) == CONSTRAINED_TIP_PROMPT.format(score=3.0)
+    with pytest.raises(ValueError, match="tip_template: 'slots' is not allowed; choose one of helpful_avoid_next, by_score"):
+        tip_template(taken, seen, 0.0, "slots")
+    with pytest.raises(ValueError, match="tip_template: 'by_score' needs tip_decoding 'constrained'"):
+        EMPO2Config.from_profile("paper", tip_template="by_score")
+
+
+def test_by_score_tips_of_real_episodes_never_name_one_action_twice(policy_fp32, embedder):
+    model, tokenizer = policy_fp32
+    envs = [make_env("scienceworld", "power-component", max_steps=4, n_test_variations=1) for _ in range(2)]
+    try:
+        roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=8, tip_tokens=8,
+                        embedder=embedder, memory=TipMemory(dim=384), action_decoding="constrained",
+                        tip_decoding="constrained", tip_template="by_score",
+                        sampling_rng=torch.Generator().manual_seed(5))
+        episodes = roller.run(envs, [envs[0].train_variations[0]] * 2, [PLAIN] * 2, temperature=1.0, write_tips=True)
+    finally:
+        for env in envs:
+            env.close()
+    for episode in episodes:
+        match = BY_SCORE.fullmatch(episode.tip)
+        assert match, episode.tip
+        assert match[1] == ("Helpful" if episode.score > 0 else "Avoid")
+        assert match[2] in {turn.executed_action for turn in episode.turns} and match[3] in episode.seen_actions
+        assert episode.tip_ids[-1] == tokenizer.eos_token_id and not episode.tip_cut
 
 
 def test_profiles_choose_their_tips():
