@@ -45,21 +45,26 @@ def test_a_template_spells_one_candidate_per_piece_and_nothing_else(tokenizer):
         TemplateConstraint(encoder, [["Helpful:"], []])
 
 
-@pytest.fixture(scope="module")
-def tipped(policy_fp32, embedder):
-    """Two real power-component episodes (constrained actions, T = 1) and their constrained tips."""
-    model, tokenizer = policy_fp32
+def play_with_tips(model, tokenizer, embedder, template: str = "helpful_avoid_next"):
+    """Two real power-component episodes (constrained actions, T = 1) with constrained tips; and the roller."""
     envs = [make_env("scienceworld", "power-component", max_steps=4, n_test_variations=1) for _ in range(2)]
     try:
         roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=8, tip_tokens=8,
                         embedder=embedder, memory=TipMemory(dim=384), action_decoding="constrained",
-                        tip_decoding="constrained", sampling_rng=torch.Generator().manual_seed(5))
+                        tip_decoding="constrained", tip_template=template, sampling_rng=torch.Generator().manual_seed(5))
         variation = envs[0].train_variations[0]
-        episodes = roller.run(envs, [variation] * 2, [PLAIN] * 2, temperature=1.0, write_tips=True)
-        yield model, tokenizer, roller, episodes
+        return roller, roller.run(envs, [variation] * 2, [PLAIN] * 2, temperature=1.0, write_tips=True)
     finally:
         for env in envs:
             env.close()
+
+
+@pytest.fixture(scope="module")
+def tipped(policy_fp32, embedder):
+    """The default template's tips of two real episodes."""
+    model, tokenizer = policy_fp32
+    roller, episodes = play_with_tips(model, tokenizer, embedder)
+    return model, tokenizer, roller, episodes
 
 
 def test_constrained_tips_stay_in_their_template_and_name_their_episode(tipped):
@@ -123,16 +128,7 @@ def test_the_by_score_template_names_its_first_slot_after_the_score():
 
 def test_by_score_tips_of_real_episodes_never_name_one_action_twice(policy_fp32, embedder):
     model, tokenizer = policy_fp32
-    envs = [make_env("scienceworld", "power-component", max_steps=4, n_test_variations=1) for _ in range(2)]
-    try:
-        roller = Roller(model, tokenizer, env_name="scienceworld", response_tokens=8, tip_tokens=8,
-                        embedder=embedder, memory=TipMemory(dim=384), action_decoding="constrained",
-                        tip_decoding="constrained", tip_template="by_score",
-                        sampling_rng=torch.Generator().manual_seed(5))
-        episodes = roller.run(envs, [envs[0].train_variations[0]] * 2, [PLAIN] * 2, temperature=1.0, write_tips=True)
-    finally:
-        for env in envs:
-            env.close()
+    _, episodes = play_with_tips(model, tokenizer, embedder, "by_score")
     for episode in episodes:
         match = BY_SCORE.fullmatch(episode.tip)
         assert match, episode.tip
