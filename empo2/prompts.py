@@ -22,10 +22,9 @@ TIP_PROMPT = (
 )
 
 
-CONSTRAINED_TIP_PROMPT = (
-    "Thank you. This attempt has ended with score {score:.0f}. Write a tip for your next attempt: "
-    "the action that helped most, the action to avoid, and an action to try next time."
-)
+_CONSTRAINED_TIP_ASK = "Thank you. This attempt has ended with score {score:.0f}. Write a tip for your next attempt: "
+
+CONSTRAINED_TIP_PROMPT = _CONSTRAINED_TIP_ASK + "the action that helped most, the action to avoid, and an action to try next time."
 """The tip prompt of `tip_decoding="constrained"` with `tip_template="helpful_avoid_next"`."""
 
 TIP_ASKS_BY_SCORE = {
@@ -41,8 +40,7 @@ def constrained_tip_prompt(score: float, template: str = "helpful_avoid_next") -
     """The tip prompt of a constrained tip: the final score, then what the template's slots hold."""
     if template == "helpful_avoid_next":
         return CONSTRAINED_TIP_PROMPT.format(score=score)
-    return (f"Thank you. This attempt has ended with score {score:.0f}. Write a tip for your next attempt: "
-            + TIP_ASKS_BY_SCORE[score > 0])
+    return _CONSTRAINED_TIP_ASK.format(score=score) + TIP_ASKS_BY_SCORE[score > 0]
 
 
 def tip_template(taken: list[str], seen: list[str], score: float = 0.0,
