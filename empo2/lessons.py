@@ -296,6 +296,32 @@ def last_evaluation(folder: Path) -> pd.DataFrame:
     return tested[tested["iteration"] == tested["iteration"].max()]
 
 
+def coin_in_first_room(cfg: EMPO2Config) -> pd.Series:
+    """Notebook 11: per test game of a CoinCollector config (variation -> bool), whether `take coin` is admissible
+    at the first step, i.e. the coin lies in the room the agent starts in; the other games must be explored."""
+    from empo2.envs import env_from_config
+
+    with env_from_config(cfg) as env:
+        return pd.Series({v: "take coin" in env.reset(v)[1]["valid_actions"] for v in env.test_variations})
+
+
+def scores_by_coin_room(folders_by_label: dict[str, list[Path]], in_first_room: pd.Series) -> pd.DataFrame:
+    """Notebook 11: per label, the final test score on the games whose coin lies in the first room and on the
+    others (`coin_in_first_room`): mean over seeds with its 95% interval (seeds, then games, resampled)."""
+    from empo2.stats import seed_bootstrap_interval
+
+    rows = []
+    for label, folders in folders_by_label.items():
+        tested = [last_evaluation(f) for f in folders]
+        for first, games in ((True, "coin in the first room"), (False, "coin elsewhere")):
+            per_seed = [t[t["variation"].map(in_first_room) == first]["score"].to_numpy(dtype=float) for t in tested]
+            if len(per_seed[0]):
+                low, high = seed_bootstrap_interval(per_seed)
+                rows.append({"games": games, "method": label, "score": float(np.mean([s.mean() for s in per_seed])),
+                             "95% low": low, "95% high": high, "test games": len(per_seed[0]), "seeds": len(folders)})
+    return pd.DataFrame(rows).set_index(["games", "method"])
+
+
 def test_outcomes(folders_by_label: dict[str, list[Path]]) -> pd.DataFrame:
     """Notebook 01: per label, the share of last-evaluation test episodes (all runs pooled) that ended
     at -100, left the first room (>= 7) and reached the workshop (>= 13); the share of steps that

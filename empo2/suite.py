@@ -126,18 +126,14 @@ def coin_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
 GROUPS = {
     "main": main_comparison, "baselines": baselines, "temperature": training_temperature, "naive18": naive_all_tasks,
     "ablation": mode_ablation, "sweep": pq_sweep, "intrinsic": intrinsic_sweep, "webshop": webshop_runs,
-    "tips": constrained_tips,
+    "tips": constrained_tips, "coin": coin_runs,
 }
 """The runs each notebook reads (tests check that every laptop run of these is committed)."""
-
-UPCOMING = {"coin": coin_runs}
-"""Groups whose notebook has not landed yet: `python -m empo2.suite` trains them, no notebook reads them so far
-(the coin runs are committed seed by seed; notebook 11 comes with the last of them)."""
 
 
 def group_configs(group: str, profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """The runs of one of `GROUPS`, as a list (some groups label their runs in a dict)."""
-    configs = {**GROUPS, **UPCOMING}[group](profile, results_dir)
+    configs = GROUPS[group](profile, results_dir)
     return list(configs.values()) if isinstance(configs, dict) else configs
 
 
@@ -149,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("profile", choices=("ci", "laptop", "paper"))
-    parser.add_argument("groups", nargs="+", choices=sorted({**GROUPS, **UPCOMING}))
+    parser.add_argument("groups", nargs="+", choices=sorted(GROUPS))
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)

@@ -132,3 +132,19 @@ def test_ci_training_on_the_real_game(tmp_path):
     tips = [json.loads(line) for line in (cfg.run_dir / "tips.jsonl").read_text().splitlines()]
     assert tips and all(t["tip"].startswith("Helpful:") and not t["tip_cut"] for t in tips)
     assert (cfg.run_dir / "summary.json").exists()
+
+
+def test_coin_in_first_room_is_exactly_where_taking_the_coin_at_once_wins():
+    """The split notebook 11 reads: where `coin_in_first_room` says so, `take coin` as the first action ends the
+    game with 100; elsewhere the coin cannot be taken at the first step."""
+    from empo2.lessons import coin_in_first_room
+
+    cfg = EMPO2Config.from_profile("laptop", env="textworld_express", task="coin", n_test_variations=12)
+    in_first_room = coin_in_first_room(cfg)
+    assert len(in_first_room) == 12 and 0 < in_first_room.sum() < 12
+    with TextWorldExpressGame("coin", game_params=cfg.game_params, n_test_variations=12) as env:
+        for variation, first in in_first_room.items():
+            _, info = env.reset(variation)
+            assert ("take coin" in info["valid_actions"]) == first
+            if first:
+                assert env.step("take coin").score == 100
