@@ -305,6 +305,12 @@ def coin_in_first_room(cfg: EMPO2Config) -> pd.Series:
         return pd.Series({v: "take coin" in env.reset(v)[1]["valid_actions"] for v in env.test_variations})
 
 
+def test_scores_on(folders: list[Path], games: pd.Series) -> list[np.ndarray]:
+    """Per run, the scores of its last evaluation's test episodes on the test games `games` marks True
+    (variation -> bool, e.g. `coin_in_first_room`): (episodes,) each."""
+    return [t[t["variation"].map(games)]["score"].to_numpy(dtype=float) for t in map(last_evaluation, folders)]
+
+
 def scores_by_coin_room(folders_by_label: dict[str, list[Path]], in_first_room: pd.Series) -> pd.DataFrame:
     """Notebook 11: per label, the final test score on the games whose coin lies in the first room and on the
     others (`coin_in_first_room`): mean over seeds with its 95% interval (seeds, then games, resampled)."""
@@ -312,9 +318,8 @@ def scores_by_coin_room(folders_by_label: dict[str, list[Path]], in_first_room: 
 
     rows = []
     for label, folders in folders_by_label.items():
-        tested = [last_evaluation(f) for f in folders]
-        for first, games in ((True, "coin in the first room"), (False, "coin elsewhere")):
-            per_seed = [t[t["variation"].map(in_first_room) == first]["score"].to_numpy(dtype=float) for t in tested]
+        for games, chosen in (("coin in the first room", in_first_room), ("coin elsewhere", ~in_first_room)):
+            per_seed = test_scores_on(folders, chosen)
             if len(per_seed[0]):
                 low, high = seed_bootstrap_interval(per_seed)
                 rows.append({"games": games, "method": label, "score": float(np.mean([s.mean() for s in per_seed])),
