@@ -87,3 +87,20 @@ def test_constrained_queries_are_goal_words_and_score_alike_in_sampler_and_updat
             torch.testing.assert_close(scored, recorded, atol=1e-4, rtol=0)
         tip_free = episode_logprobs(model, episodes[2], with_tips=False)  # the off-policy update's context
         assert torch.isfinite(tip_free).all() and (tip_free <= 1e-6).all()
+
+
+def test_the_small_policy_interface_lists_buy_now_first_and_says_what_it_does():
+    """From the config: words queries come with buy_first; the paper's free query keeps the page's order."""
+    small = WebShopEnv.from_config(EMPO2Config.from_profile("ci", env="webshop"))
+    paper = WebShopEnv.from_config(EMPO2Config.from_profile("laptop", env="webshop", webshop_query="free"))
+    pages = {}
+    for name, env in (("small", small), ("paper", paper)):
+        observation, info = env.reset(env.train_variations[0])
+        text = env.first_turn_text(info["task_description"], observation, info)
+        assert ("click[buy now] on an item's page buys it" in text) == (name == "small")
+        words = [w for w in info["task_description"].lower().split() if w.isalpha()][2:6]
+        result = env.step("search[" + " ".join(words) + "]")
+        product = next(a for a in result.info["valid_actions"] if a.startswith("click[b0"))
+        pages[name] = env.step(product).info["valid_actions"]
+    assert pages["small"][0] == "click[buy now]" and pages["paper"][-1] == "click[buy now]"
+    assert sorted(pages["small"]) == sorted(pages["paper"])

@@ -466,6 +466,7 @@ class WebShopEnv:
         show_attrs: bool = False,
         snap_actions: bool = False,
         query_words: bool = False,
+        buy_first: bool = False,
     ):
         if goal_source not in ("synthetic", "human"):
             raise ValueError(f"webshop: goal_source must be 'synthetic' or 'human', not {goal_source!r}")
@@ -478,6 +479,10 @@ class WebShopEnv:
         self.query_words = query_words
         """List the goal instruction's words on the search page (`info["query_words"]`), the only words a
         constrained query may use, and describe the search action without a placeholder to copy."""
+        self.buy_first = buy_first
+        """List `click[buy now]` first on an item's page and say in the first turn what it does: the untrained
+        135M policy, choosing among admissible actions, otherwise buys almost never (its chance of choosing
+        it on its first item page at temperature 1: 0.8% as the page reads, 5.9% listed first with the hint)."""
         self.snap_actions = snap_actions
 
         products_file = _default_path(products_path, DEFAULT_PRODUCTS)
@@ -548,6 +553,8 @@ class WebShopEnv:
             for asin in self._results_window():
                 buttons[asin.lower()] = ("item", asin)
         elif page == "item":
+            if self.buy_first:
+                buttons[BUY_NOW] = ("buy", None)
             buttons[BACK_TO_SEARCH] = ("back", None)
             buttons[PREV_PAGE] = ("prev", None)
             for name, values in self._product["options"].items():
@@ -556,7 +563,7 @@ class WebShopEnv:
             for sub in SUB_PAGES:
                 if sub != "attributes" or self.show_attrs:
                     buttons[sub] = ("sub", sub)
-            buttons[BUY_NOW] = ("buy", None)
+            buttons.setdefault(BUY_NOW, ("buy", None))
         elif page == "sub":
             buttons[BACK_TO_SEARCH] = ("back", None)
             buttons[PREV_PAGE] = ("prev", None)
@@ -645,16 +652,18 @@ class WebShopEnv:
             ("webshop_human_goals", "human_goals_path")) if getattr(cfg, field)}
         # Small policies rarely write exact click[...] syntax; snap unparsable text to the
         # most similar admissible click, as free text is snapped in ScienceWorld.
-        return cls(snap_actions=True, goal_source=cfg.webshop_goals, query_words=cfg.webshop_query == "words",
+        small_policy = cfg.webshop_query == "words"
+        return cls(snap_actions=True, goal_source=cfg.webshop_goals, query_words=small_policy, buy_first=small_policy,
                    **({"max_steps": cfg.max_steps} if cfg.max_steps else {}), **paths)
 
     def first_turn_text(self, task_description: str, observation: str, info: dict) -> str:
         """The goal, the two action forms, the page, and the page's admissible actions."""
         search = ("search[...] with words of the task as the query" if self.query_words
                   else "search[your query]")
+        buy = " click[buy now] on an item's page buys it and ends the task." if self.buy_first else ""
         return (
             f"Task: {task_description}\n"
-            f"Actions: {search} on the search page, click[button] for a button shown in brackets.\n"
+            f"Actions: {search} on the search page, click[button] for a button shown in brackets.{buy}\n"
             f"Observation: {observation.strip()}\n"
             f"Admissible actions: {', '.join(info.get('valid_actions', []))}\n"
             "Your action:"
