@@ -79,8 +79,8 @@ class EMPO2Config:
     """WebShop's search query: free (any text after `search[` until `]`; the prompt names the form
     `search[your query]`), or words (with constrained action decoding: only words of the goal
     instruction, which the policy picks one at a time from its renormalised probabilities, then `]`;
-    the prompt shows no placeholder to copy; an item's page lists `click[buy now]` first, and the first turn
-    says that it buys, so that the untrained policy sometimes buys: `WebShopEnv.buy_first`)."""
+    the prompt shows no placeholder to copy; an item's page lists `click[buy now]` first, and a chat prompt's first
+    turn says that it buys, so that the untrained policy sometimes buys: `WebShopEnv.buy_first`)."""
     webshop_human_goals: str = ""
     """WebShop human goals file (items_human_ins.json) for webshop_goals=human; empty: data/webshop's, if any."""
     # --- models -------------------------------------------------------------------

@@ -480,7 +480,7 @@ class WebShopEnv:
         """List the goal instruction's words on the search page (`info["query_words"]`), the only words a
         constrained query may use, and describe the search action without a placeholder to copy."""
         self.buy_first = buy_first
-        """List `click[buy now]` first on an item's page and say in the first turn what it does: the untrained
+        """List `click[buy now]` first on an item's page and say in a chat prompt's first turn what it does: the untrained
         135M policy, choosing among admissible actions, otherwise buys almost never (its chance of choosing
         it on its first item page at temperature 1: 0.8% as the page reads, 5.9% listed first with the hint)."""
         self.snap_actions = snap_actions
