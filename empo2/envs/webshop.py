@@ -480,9 +480,10 @@ class WebShopEnv:
         """List the goal instruction's words on the search page (`info["query_words"]`), the only words a
         constrained query may use, and describe the search action without a placeholder to copy."""
         self.buy_first = buy_first
-        """List `click[buy now]` first on an item's page and say in a chat prompt's first turn what it does: the untrained
-        135M policy, choosing among admissible actions, otherwise buys almost never (its chance of choosing
-        it on its first item page at temperature 1: 0.8% as the page reads, 5.9% listed first with the hint)."""
+        """List `click[buy now]` first on an item's page and say in a chat prompt's first turn what it does:
+        the untrained 135M policy, choosing among admissible actions, otherwise buys almost never (its chance
+        of choosing it on its first item page at temperature 1: 0.9% as the page reads, 6.5% listed first
+        with the hint; `python benchmarks/webshop_buy_chance.py`)."""
         self.snap_actions = snap_actions
 
         products_file = _default_path(products_path, DEFAULT_PRODUCTS)
