@@ -17,12 +17,12 @@ import argparse
 import torch
 
 from empo2.config import EMPO2Config
-from empo2.envs.webshop import WebShopEnv
+from empo2.envs.webshop import BACK_TO_SEARCH, BUY_NOW, PREV_PAGE, SUB_PAGES, WebShopEnv
 from empo2.models import load_policy
 from empo2.prompts import SYSTEM_PROMPT
 
-NAVIGATION = {"click[buy now]", "click[back to search]", "click[< prev]", "click[description]", "click[features]",
-              "click[reviews]"}
+NAVIGATION = {f"click[{button}]" for button in (BUY_NOW, BACK_TO_SEARCH, PREV_PAGE, *SUB_PAGES)}
+"""An item page's buttons that are not product options."""
 
 
 def choice_probabilities(model, tokenizer, messages: list[dict], actions: list[str]) -> dict[str, float]:
@@ -71,10 +71,9 @@ def main() -> None:
     args = parser.parse_args()
     model, tokenizer = load_policy()
     model.eval()
-    cfg = EMPO2Config.from_profile("laptop", env="webshop", webshop_query="words")
+    env = WebShopEnv.from_config(EMPO2Config.from_profile("laptop", env="webshop", webshop_query="words"))
     rows = {}
     for buy_first in (False, True):
-        env = WebShopEnv.from_config(cfg)
         env.buy_first = buy_first
         for after_option in (False, True):
             rows[buy_first, after_option] = buy_chances(env, model, tokenizer, args.goals, after_option)
