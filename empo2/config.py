@@ -433,9 +433,11 @@ WEBSHOP_VALUES: dict[str, dict] = {
     # A 2-core CPU budget: shorter episodes and responses with no room for reasoning, the growing
     # conversation of the ScienceWorld runs (its KV cache is reused across turns and the update is one
     # packed pass per episode; the 135M model also follows it far better than the single-turn prompt),
-    # and no KL term, so that groups whose scores are all equal cost no update at all.
+    # and no KL term, so that groups whose scores are all equal cost no update at all. The 135M policy
+    # cannot spell a query (free text, it copies the prompt's placeholder) nor a tip, so both are constrained.
     "laptop": dict(max_steps=8, response_tokens=20, kl_beta=0.0, prompt_style="chat",
-                   n_train_variations=20, n_test_variations=8, iterations=4, eval_every=4),
+                   n_train_variations=20, n_test_variations=8, iterations=4, eval_every=4,
+                   webshop_query="words", tip_decoding="constrained"),
     "ci": dict(max_steps=3, kl_beta=0.01, prompt_style="single_turn", history_turns=2, webshop_query="words"),
 }
 
