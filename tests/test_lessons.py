@@ -157,3 +157,22 @@ def test_tables_of_saved_runs(tmp_path):
     assert [c for c in by_variation.columns if c.startswith("variation ")] == ["variation 5", "variation 6"]
     assert by_variation.loc["Naive", "mean"] == pytest.approx(
         np.mean([lessons.last_evaluation(f)["score"].mean() for f in naive]))
+
+
+def test_webshop_behaviour_counts_buys_invalid_actions_and_skipped_updates(tmp_path):
+    """A hand-written GRPO run: 2 iterations (the first's update skipped), 2 training and 2 test episodes."""
+    folder = tmp_path / "grpo-webshop-seed0"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"config": {"method": "grpo", "seed": 0}}))
+    (folder / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "update/skipped": 1.0}) + "\n"
+                                          + json.dumps({"iteration": 2, "update/grad_norm": 0.5}) + "\n")
+    bought = ["search[red shirt]", "click[b0abc]", "click[buy now]"]
+    searched_only = ["search[red shirt]", None, None, "click[next >]"]
+    episodes = [("train", 1, bought, 0.0), ("train", 2, searched_only, 0.0),
+                ("eval", 2, bought, 50.0), ("eval", 2, searched_only, 0.0)]
+    (folder / "episodes.jsonl").write_text("".join(
+        json.dumps({"phase": p, "iteration": i, "actions": a, "score": s}) + "\n" for p, i, a, s in episodes))
+    row = lessons.webshop_behaviour([folder]).loc["grpo-webshop-seed0"]
+    assert (row["searched"], row["opened a product"], row["bought"]) == (1.0, 0.5, 0.5)
+    assert row["invalid actions %"] == pytest.approx(100 * (0 + 2 / 4) / 2)
+    assert (row["score"], row["training episodes that bought"], row["updates skipped"]) == (25.0, 0.5, 0.5)
