@@ -122,12 +122,22 @@ def test_committed_executed_copies_read_cleanly():
         assert_reads_cleanly(json.loads(path.read_text()), path.name)
 
 
-def test_clean_makes_the_repository_path_relative(tmp_path):
+def test_clean_makes_the_repository_path_relative_and_drops_the_clock(tmp_path):
+    import nbformat
+
     copy = tmp_path / "copy.ipynb"
     lines = [f"reusing {ROOT}/results/ci/x\n", f"cwd {ROOT}\n", f"{ROOT}-other\n"]
-    copy.write_text(json.dumps({"metadata": {"papermill": {"input_path": f"{ROOT}/notebooks/00_quickstart.ipynb"}},
-                                "cells": [{"outputs": [{"output_type": "stream", "text": lines}]}]}))
+    cell = nbformat.v4.new_code_cell("print()", outputs=[nbformat.v4.new_output("stream", text="".join(lines))])
+    cell.metadata = {"execution": {"iopub.status.busy": "2026-12-02T17:31:01Z"},
+                     "papermill": {"duration": 0.02, "start_time": "t0", "end_time": "t1", "status": "completed"}}
+    notebook = nbformat.v4.new_notebook(cells=[cell], metadata={"papermill": {
+        "input_path": f"{ROOT}/notebooks/00_quickstart.ipynb", "duration": 9.0, "start_time": "t0", "end_time": "t1"}})
+    nbformat.write(notebook, copy)
     clean(copy)
     cleaned = json.loads(copy.read_text())
-    assert cleaned["metadata"]["papermill"]["input_path"] == "notebooks/00_quickstart.ipynb"
-    assert cleaned["cells"][0]["outputs"][0]["text"] == ["reusing results/ci/x\n", "cwd .\n", f"{ROOT}-other\n"]
+    assert cleaned["metadata"]["papermill"] == {"input_path": "notebooks/00_quickstart.ipynb"}
+    assert "".join(cleaned["cells"][0]["outputs"][0]["text"]) == "reusing results/ci/x\ncwd .\n" + f"{ROOT}-other\n"
+    assert cleaned["cells"][0]["metadata"] == {"papermill": {"status": "completed"}}
+    once = copy.read_text()
+    clean(copy)
+    assert copy.read_text() == once
