@@ -1,7 +1,8 @@
 """The documents cite what exists: every `module.name` of the package and every repository path that
-README.md, notebooks/README.md and results/README.md put in backticks."""
+README.md, notebooks/README.md, results/README.md and the notebooks' markdown put in backticks."""
 
 import importlib
+import json
 import pkgutil
 import re
 from pathlib import Path
@@ -11,13 +12,18 @@ import pytest
 import empo2
 from empo2 import ROOT
 
-DOCUMENTS = ["README.md", "notebooks/README.md", "results/README.md"]
+DOCUMENTS = ["README.md", "notebooks/README.md", "results/README.md"] + sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.ipynb"))
 MODULES = {m.name.rsplit(".", 1)[-1]: m.name for m in pkgutil.walk_packages(empo2.__path__, "empo2.")}
 TOP_LEVEL = {p.name for p in ROOT.iterdir()}
 
 
 def cited(document: str) -> set[str]:
-    return set(re.findall(r"`([^`\n]+)`", (ROOT / document).read_text()))
+    """What `document` puts in backticks: its text, or a notebook's markdown cells."""
+    text = (ROOT / document).read_text()
+    if document.endswith(".ipynb"):
+        text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"] if c["cell_type"] == "markdown")
+    return set(re.findall(r"`([^`\n]+)`", text))
 
 
 FILE_SUFFIXES = {"json", "jsonl", "py", "md", "ipynb", "txt", "yml", "toml", "csv", "png", "sh", "html"}
