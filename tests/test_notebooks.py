@@ -128,9 +128,10 @@ def test_clean_makes_the_repository_path_relative_and_drops_the_clock(tmp_path):
     copy = tmp_path / "copy.ipynb"
     lines = [f"reusing {ROOT}/results/ci/x\n", f"cwd {ROOT}\n", f"{ROOT}-other\n"]
     cell = nbformat.v4.new_code_cell("print()", outputs=[nbformat.v4.new_output("stream", text="".join(lines))])
+    injected = nbformat.v4.new_code_cell('profile = "ci"', metadata={"tags": ["injected-parameters"]})
     cell.metadata = {"execution": {"iopub.status.busy": "2026-12-02T17:31:01Z"},
                      "papermill": {"duration": 0.02, "start_time": "t0", "end_time": "t1", "status": "completed"}}
-    notebook = nbformat.v4.new_notebook(cells=[cell], metadata={"papermill": {
+    notebook = nbformat.v4.new_notebook(cells=[cell, injected], metadata={"papermill": {
         "input_path": f"{ROOT}/notebooks/00_quickstart.ipynb", "duration": 9.0, "start_time": "t0", "end_time": "t1"}})
     nbformat.write(notebook, copy)
     clean(copy)
@@ -138,6 +139,7 @@ def test_clean_makes_the_repository_path_relative_and_drops_the_clock(tmp_path):
     assert cleaned["metadata"]["papermill"] == {"input_path": "notebooks/00_quickstart.ipynb"}
     assert "".join(cleaned["cells"][0]["outputs"][0]["text"]) == "reusing results/ci/x\ncwd .\n" + f"{ROOT}-other\n"
     assert cleaned["cells"][0]["metadata"] == {"papermill": {"status": "completed"}}
+    assert cleaned["cells"][1]["id"] == "injected-parameters"  # not papermill's random one
     once = copy.read_text()
     clean(copy)
     assert copy.read_text() == once
