@@ -27,7 +27,7 @@ outlines): the allowed set changes at every step of every episode (hundreds to
 a few thousand actions), so the per-state cost is building the constraint, not
 applying it; `python benchmarks/bench_constraints.py` measures both ways on ScienceWorld's
 largest valid-action lists. On the GPU engine the same constraint is vLLM's
-structured output with a `choice` list (see README).
+structured output with a `choice` list (see docs/design.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     results/README.md      every run (method, task, seed, budget, wall-clock, final test score with its
                            95% interval, the commit it came from), then the table of claims
-    README.md              the table of claims, between the `claims` markers of its results section
+    README.md              the table of claims, between its `claims` markers
 
 `python -m empo2.notebooks` regenerates both after executing the notebooks. A claim
 is "reproduced" when the 95% interval of our difference lies on the paper's side of 0,

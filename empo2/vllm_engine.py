@@ -49,7 +49,7 @@ What matches the transformers generator (`empo2.generation`):
             as the `choice` list (`StructuredOutputsParams(choice=...)` from vLLM 0.10.2,
             `GuidedDecodingParams(choice=...)` in 0.10.1). The grammar allows every token whose
             text continues an action, a wider set than the trie's own tokenisation of each action
-            (README: 62 vs 20 first tokens), and the model does use other spellings (letter by
+            (docs/design.md: 62 vs 20 first tokens), and the model does use other spellings (letter by
             letter). So the response is kept as sampled and each position records the set the
             grammar allowed there (`ChoiceGrammar`: the same xgrammar grammar, replayed), which
             the update renormalises over: the distribution it scores is the one sampled from.

@@ -1,5 +1,6 @@
 """The documents cite what exists: every `module.name` of the package and every repository path that
-README.md, notebooks/README.md, results/README.md and the notebooks' markdown put in backticks."""
+README.md, docs/, notebooks/README.md, results/README.md and the notebooks' markdown put in backticks, and
+every page they link to; the README stays short."""
 
 import importlib
 import json
@@ -13,7 +14,10 @@ import empo2
 from empo2 import ROOT
 
 DOCUMENTS = ["README.md", "notebooks/README.md", "results/README.md"] + sorted(
-    str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.ipynb"))
+    str(p.relative_to(ROOT)) for p in [*(ROOT / "docs").glob("*.md"), *(ROOT / "notebooks").glob("*.ipynb")])
+README_WORDS = 1200
+"""The front page's length, its generated table of claims left out: what it is, the two commands, the method on
+one screen, the notebooks, the command line, GPUs, the code map; the rest lives in docs/."""
 MODULES = {m.name.rsplit(".", 1)[-1]: m.name for m in pkgutil.walk_packages(empo2.__path__, "empo2.")}
 TOP_LEVEL = {p.name for p in ROOT.iterdir()}
 
@@ -72,3 +76,26 @@ def test_every_repository_path_a_document_cites_exists(document):
         elif first not in TOP_LEVEL and (folder / first).exists() and not (folder / text).exists():
             missing.append(text)
     assert not missing, f"{document} cites paths that do not exist: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("document", [d for d in DOCUMENTS if d.endswith(".md")])
+def test_every_page_a_document_links_to_exists(document):
+    """Markdown links and images to files of the repository: `[docs/gpu.md](docs/gpu.md)`, `![...](results/...png)`."""
+    text = (ROOT / document).read_text()
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if not t.startswith(("http", "#"))]
+    missing = [t for t in targets if not ((ROOT / document).parent / t).exists()]
+    assert targets or document != "README.md", "the README links to docs/"
+    assert not missing, f"{document} links to files that do not exist: {missing}"
+
+
+def test_the_readme_is_a_front_page():
+    from empo2.report import CLAIMS_END, CLAIMS_START
+
+    text = (ROOT / "README.md").read_text()
+    before, _, rest = text.partition(CLAIMS_START)
+    table, _, after = rest.partition(CLAIMS_END)
+    assert table, "the README holds the generated table of claims"
+    words = len((before + after).split())
+    assert words <= README_WORDS, f"README.md has {words} words besides its table of claims (at most {README_WORDS})"
+    for page in ("docs/results.md", "docs/design.md", "docs/gpu.md", "notebooks/README.md"):
+        assert f"]({page})" in text, f"the README does not link to {page}"

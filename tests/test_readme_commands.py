@@ -1,4 +1,4 @@
-"""Every command in the README's code blocks runs: those that need no GPU at the `ci` profile (a tiny
+"""Every command in the code blocks of the README and docs/ runs: those that need no GPU at the `ci` profile (a tiny
 budget), each in a results folder of its own; the GPU ones (`--profile paper`, `accelerate launch`)
 have their configs built and validated as the command line would."""
 
@@ -18,11 +18,13 @@ LAUNCHERS = ("python -m empo2", "torchrun ", "accelerate launch ")
 
 
 def readme_commands() -> list[str]:
-    """The commands of the README's bash blocks that run the package (continuation lines joined, comments cut)."""
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    """The commands of the bash blocks of README.md and docs/*.md that run the package (continuation lines
+    joined, comments cut), in that order, each the first time it appears."""
+    documents = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    blocks = [b for d in documents for b in re.findall(r"```bash\n(.*?)```", d.read_text(), flags=re.S)]
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
     commands = [re.sub(r"\s+#.*$", "", line).strip() for line in lines]
-    return [" ".join(c.split()) for c in commands if c.startswith(LAUNCHERS)]
+    return list(dict.fromkeys(" ".join(c.split()) for c in commands if c.startswith(LAUNCHERS)))  # each once
 
 
 def _needs_gpu(command: str) -> bool:
