@@ -324,6 +324,58 @@ def webshop_behaviour(folders: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
+def _score(value: float) -> str:
+    """A WebShop score as prose: two decimals below 1 (one purchase in 32 episodes moves the mean by
+    hundredths), one above."""
+    return f"{value:.2f}" if abs(value) < 1 else f"{value:.1f}"
+
+
+def webshop_takeaways(folders: list[Path], scripted: pd.DataFrame) -> str:
+    """Notebook 10's takeaways as Markdown, every figure computed from the runs `folders` (one per method
+    and seed) and the scripted reference's rows `scripted` (one per goal), so the text cannot disagree
+    with them at any profile."""
+    from empo2.experiments import compare_methods, metrics, score_table
+    from empo2.paper import table2
+    from empo2.report import _verdict
+
+    names = {"naive": "Naive", "memory_only": "memory-only", "grpo": "GRPO", "empo2": "EMPO²"}
+    table = score_table(folders)
+    scores = ", ".join(f"{names[m]} {_score(r['score'])} [{_score(r['95% low'])}, {_score(r['95% high'])}] "
+                       f"({100 * r['success']:.0f} % success, {int(r['seeds'])} seed{'s' if r['seeds'] > 1 else ''})"
+                       for m, r in table.iterrows())
+    paper = table2()
+    per_run = int(table["test episodes"].iloc[0] / table["seeds"].iloc[0])
+    lines = [f"- **Final test scores** (mean over seeds [95% interval], {per_run} test episode"
+             f"{'s' if per_run > 1 else ''} a run): {scores}; "
+             f"the paper (Qwen2.5-7B, WebShop's 1,000 products): Naive {paper.loc['Naive', 'paper score']}, "
+             f"GRPO {paper.loc['GRPO', 'paper score']}, EMPO² {paper.loc['EMPO2', 'paper score']}."]
+
+    tested = pd.concat([last_evaluation(f) for f in folders])
+    trained = pd.concat([read_episodes(f).query("phase == 'train'") for f in folders])
+    bought = trained[["click[buy now]" in [a for a in acts if a] for acts in trained["actions"]]]
+    tested_bought = sum("click[buy now]" in [a for a in acts if a] for acts in tested["actions"])
+    lines.append(f"- **Buying.** {tested_bought} of {len(tested)} test episodes (all runs) bought something, and "
+                 f"{len(bought)} of {len(trained)} training episodes; {int((bought['score'] > 0).sum())} of those "
+                 f"purchases scored above 0 (a product of a type related to the goal).")
+
+    by_method = {m: [f for f in folders if metrics(f)["method"].iloc[0] == m] for m in ("grpo", "empo2")}
+    for method, chosen in by_method.items():
+        if chosen:
+            frames = [metrics(f) for f in chosen]
+            skipped = sum(int(f["update/skipped"].fillna(0).sum()) if "update/skipped" in f else 0 for f in frames)
+            lines.append(f"- **{names[method]} skipped its update** in {skipped} of {sum(map(len, frames))} iterations "
+                         f"(an update is skipped when every return of the group is equal and there is no KL term).")
+    if by_method["grpo"] and by_method["empo2"]:
+        c = compare_methods(by_method["empo2"], by_method["grpo"])
+        lines.append(f"- **EMPO² − GRPO** {c['difference']:+.2f} [{c['95% low']:+.2f}, {c['95% high']:+.2f}] "
+                     f"({len(by_method['empo2'])} vs {len(by_method['grpo'])} seeds): "
+                     f"{_verdict(c['95% low'], c['95% high'])}.")
+    lines.append(f"- **The scripted shopper** that reads the goal scores {scripted['score'].mean():.1f} with "
+                 f"{100 * scripted['success'].mean():.0f} % success on {len(scripted)} test goals: the catalogue's "
+                 f"search finds the product when the query is the goal's text.")
+    return "\n".join(lines)
+
+
 def coin_in_first_room(cfg: EMPO2Config) -> pd.Series:
     """Notebook 11: per test game of a CoinCollector config (variation -> bool), whether `take coin` is admissible
     at the first step, i.e. the coin lies in the room the agent starts in; the other games must be explored."""

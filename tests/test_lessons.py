@@ -159,20 +159,38 @@ def test_tables_of_saved_runs(tmp_path):
         np.mean([lessons.last_evaluation(f)["score"].mean() for f in naive]))
 
 
-def test_webshop_behaviour_counts_buys_invalid_actions_and_skipped_updates(tmp_path):
-    """A hand-written GRPO run: 2 iterations (the first's update skipped), 2 training and 2 test episodes."""
-    folder = tmp_path / "grpo-webshop-seed0"
+def _webshop_run(folder, method: str, skipped_first: bool, test_scores: tuple[float, float]):
+    """A hand-written run: 2 iterations, 2 training episodes (the first buys), 2 test episodes (the first buys)."""
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"config": {"method": "grpo", "seed": 0}}))
-    (folder / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "update/skipped": 1.0}) + "\n"
-                                          + json.dumps({"iteration": 2, "update/grad_norm": 0.5}) + "\n")
+    (folder / "config.json").write_text(json.dumps({"config": {"method": method, "seed": 0}}))
+    first = {"iteration": 1, "time/iteration": 60.0} | ({"update/skipped": 1.0} if skipped_first else {})
+    (folder / "metrics.jsonl").write_text(json.dumps(first) + "\n"
+                                          + json.dumps({"iteration": 2, "time/iteration": 60.0}) + "\n")
     bought = ["search[red shirt]", "click[b0abc]", "click[buy now]"]
     searched_only = ["search[red shirt]", None, None, "click[next >]"]
     episodes = [("train", 1, bought, 0.0), ("train", 2, searched_only, 0.0),
-                ("eval", 2, bought, 50.0), ("eval", 2, searched_only, 0.0)]
+                ("eval", 2, bought, test_scores[0]), ("eval", 2, searched_only, test_scores[1])]
     (folder / "episodes.jsonl").write_text("".join(
         json.dumps({"phase": p, "iteration": i, "actions": a, "score": s}) + "\n" for p, i, a, s in episodes))
+    return folder
+
+
+def test_webshop_behaviour_counts_buys_invalid_actions_and_skipped_updates(tmp_path):
+    folder = _webshop_run(tmp_path / "grpo-webshop-seed0", "grpo", skipped_first=True, test_scores=(50.0, 0.0))
     row = lessons.webshop_behaviour([folder]).loc["grpo-webshop-seed0"]
     assert (row["searched"], row["opened a product"], row["bought"]) == (1.0, 0.5, 0.5)
     assert row["invalid actions %"] == pytest.approx(100 * (0 + 2 / 4) / 2)
     assert (row["score"], row["training episodes that bought"], row["updates skipped"]) == (25.0, 0.5, 0.5)
+
+
+def test_webshop_takeaways_state_what_the_runs_hold(tmp_path):
+    folders = [_webshop_run(tmp_path / "grpo-webshop-seed0", "grpo", skipped_first=True, test_scores=(50.0, 0.0)),
+               _webshop_run(tmp_path / "empo2-webshop-seed0", "empo2", skipped_first=False, test_scores=(0.0, 0.0))]
+    scripted = pd.DataFrame({"score": [100.0, 50.0], "success": [True, False]})
+    text = lessons.webshop_takeaways(folders, scripted)
+    assert "GRPO 25.0 [" in text and "EMPO² 0.00 [0.00, 0.00] (0 % success, 1 seed)" in text
+    assert "2 of 4 test episodes (all runs) bought something, and 2 of 4 training episodes; 0 of those" in text
+    assert "GRPO skipped its update** in 1 of 2 iterations" in text
+    assert "EMPO² skipped its update** in 0 of 2 iterations" in text
+    assert "**EMPO² − GRPO** -25.00 [" in text
+    assert "scores 75.0 with 50 % success on 2 test goals" in text
