@@ -307,21 +307,29 @@ def webshop_behaviour(folders: list[Path]) -> pd.DataFrame:
         tested = last_evaluation(folder)
         trained = read_episodes(folder).query("phase == 'train'")
         per_run = metrics(folder)
-        skipped = per_run["update/skipped"].fillna(0.0) if "update/skipped" in per_run else pd.Series(0.0, per_run.index)
         actions = [[a for a in episode if a] for episode in tested["actions"]]
         rows.append({
             "run": folder.name,
             "searched": np.mean([any(a.startswith("search[") for a in acts) for acts in actions]),
             "opened a product": np.mean([any(a.startswith("click[b0") for a in acts) for acts in actions]),
-            "bought": np.mean(["click[buy now]" in acts for acts in actions]),
+            "bought": np.mean([bought(acts) for acts in actions]),
             "invalid actions %": 100 * np.mean([1 - len(acts) / max(len(raw), 1)
                                                for acts, raw in zip(actions, tested["actions"])]),
             "score": tested["score"].mean(),
-            "training episodes that bought": (np.mean(["click[buy now]" in acts for acts in trained["actions"]])
-                                              if len(trained) else np.nan),
-            "updates skipped": float(skipped.mean()) if per_run["method"].iloc[0] in ("grpo", "empo2") else np.nan,
+            "training episodes that bought": np.mean([bought(a) for a in trained["actions"]]) if len(trained) else np.nan,
+            "updates skipped": skipped_updates(per_run).mean() if per_run["method"].iloc[0] in ("grpo", "empo2") else np.nan,
         })
     return pd.DataFrame(rows).set_index("run")
+
+
+def bought(actions: list[str | None]) -> bool:
+    """Whether a WebShop episode's executed actions (None where one was invalid) include buying."""
+    return "click[buy now]" in actions
+
+
+def skipped_updates(frame: pd.DataFrame) -> pd.Series:
+    """Per iteration of a run's metrics, 1.0 where its update was skipped (a group of equal returns), else 0.0."""
+    return frame["update/skipped"].fillna(0.0) if "update/skipped" in frame else pd.Series(0.0, frame.index)
 
 
 def _score(value: float) -> str:
@@ -352,18 +360,19 @@ def webshop_takeaways(folders: list[Path], scripted: pd.DataFrame) -> str:
 
     tested = pd.concat([last_evaluation(f) for f in folders])
     trained = pd.concat([read_episodes(f).query("phase == 'train'") for f in folders])
-    bought = trained[["click[buy now]" in [a for a in acts if a] for acts in trained["actions"]]]
-    tested_bought = sum("click[buy now]" in [a for a in acts if a] for acts in tested["actions"])
-    lines.append(f"- **Buying.** {tested_bought} of {len(tested)} test episodes (all runs) bought something, and "
-                 f"{len(bought)} of {len(trained)} training episodes; {int((bought['score'] > 0).sum())} of those "
-                 f"purchases scored above 0 (a product of a type related to the goal).")
+    purchases = trained[[bought(a) for a in trained["actions"]]]
+    lines.append(f"- **Buying.** {sum(map(bought, tested['actions']))} of {len(tested)} test episodes (all runs) bought "
+                 f"something, and {len(purchases)} of {len(trained)} training episodes; "
+                 f"{int((purchases['score'] > 0).sum())} of those purchases scored above 0 (a product of a type related "
+                 f"to the goal).")
 
-    by_method = {m: [f for f in folders if metrics(f)["method"].iloc[0] == m] for m in ("grpo", "empo2")}
+    frames = {f: metrics(f) for f in folders}
+    by_method = {m: [f for f in folders if frames[f]["method"].iloc[0] == m] for m in ("grpo", "empo2")}
     for method, chosen in by_method.items():
         if chosen:
-            frames = [metrics(f) for f in chosen]
-            skipped = sum(int(f["update/skipped"].fillna(0).sum()) if "update/skipped" in f else 0 for f in frames)
-            lines.append(f"- **{names[method]} skipped its update** in {skipped} of {sum(map(len, frames))} iterations "
+            skipped = int(sum(skipped_updates(frames[f]).sum() for f in chosen))
+            iterations = sum(len(frames[f]) for f in chosen)
+            lines.append(f"- **{names[method]} skipped its update** in {skipped} of {iterations} iterations "
                          f"(an update is skipped when every return of the group is equal and there is no KL term).")
     if by_method["grpo"] and by_method["empo2"]:
         c = compare_methods(by_method["empo2"], by_method["grpo"])
