@@ -99,15 +99,19 @@ VOLATILE_PAPERMILL_KEYS = ("start_time", "end_time", "duration")
 def clean(executed: Path, root: Path = ROOT) -> None:
     """Make an executed copy independent of the machine and the moment that ran it: every occurrence of the
     repository's absolute path, in outputs and in papermill's metadata, becomes relative, and the clock
-    readings (papermill's start, end and duration, the kernel's `execution` timestamps) are dropped and the
-    injected parameters cell gets a fixed id, so that re-executing a notebook whose results did not change
-    leaves its copy byte for byte the same."""
+    readings (papermill's start, end and duration, the kernel's `execution` timestamps) are dropped, a cell's
+    consecutive stream outputs are merged and the injected parameters cell gets a fixed id, so that
+    re-executing a notebook whose results did not change leaves its copy byte for byte the same."""
     import nbformat
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
     text = executed.read_text()
     path = re.escape(json.dumps(str(root))[1:-1])  # the path as it appears inside JSON strings
     notebook = nbformat.reads(re.sub(path + r"(?![\w.-])/?", lambda match: "" if match.group().endswith("/") else ".",
                                      text), as_version=4)
+    # A cell's stdout arrives in as many outputs as the kernel flushed it, which timing decides (a subprocess's
+    # line beside Python's prints): one output per stream, as nbconvert merges them.
+    CoalesceStreamsPreprocessor().preprocess(notebook, {})
     for cell in notebook.cells:
         if "injected-parameters" in cell.metadata.get("tags", []):
             cell.id = "injected-parameters"  # papermill draws a new random id on every run

@@ -122,12 +122,13 @@ def test_committed_executed_copies_read_cleanly():
         assert_reads_cleanly(json.loads(path.read_text()), path.name)
 
 
-def test_clean_makes_the_repository_path_relative_and_drops_the_clock(tmp_path):
+def test_clean_makes_the_repository_path_relative_drops_the_clock_and_merges_streams(tmp_path):
     import nbformat
 
     copy = tmp_path / "copy.ipynb"
     lines = [f"reusing {ROOT}/results/ci/x\n", f"cwd {ROOT}\n", f"{ROOT}-other\n"]
-    cell = nbformat.v4.new_code_cell("print()", outputs=[nbformat.v4.new_output("stream", text="".join(lines))])
+    cell = nbformat.v4.new_code_cell("print()", outputs=[nbformat.v4.new_output("stream", text="".join(lines[:2])),
+                                                          nbformat.v4.new_output("stream", text=lines[2])])
     injected = nbformat.v4.new_code_cell('profile = "ci"', metadata={"tags": ["injected-parameters"]})
     cell.metadata = {"execution": {"iopub.status.busy": "2026-12-02T17:31:01Z"},
                      "papermill": {"duration": 0.02, "start_time": "t0", "end_time": "t1", "status": "completed"}}
@@ -137,6 +138,7 @@ def test_clean_makes_the_repository_path_relative_and_drops_the_clock(tmp_path):
     clean(copy)
     cleaned = json.loads(copy.read_text())
     assert cleaned["metadata"]["papermill"] == {"input_path": "notebooks/00_quickstart.ipynb"}
+    assert len(cleaned["cells"][0]["outputs"]) == 1, "the stream's two flushes are one output"
     assert "".join(cleaned["cells"][0]["outputs"][0]["text"]) == "reusing results/ci/x\ncwd .\n" + f"{ROOT}-other\n"
     assert cleaned["cells"][0]["metadata"] == {"papermill": {"status": "completed"}}
     assert cleaned["cells"][1]["id"] == "injected-parameters"  # not papermill's random one
