@@ -137,6 +137,15 @@ def group_configs(group: str, profile: str, results_dir: str = "results") -> lis
     return list(configs.values()) if isinstance(configs, dict) else configs
 
 
+def unfinished(profile: str, results_dir: str = "results") -> list[str]:
+    """The runs of every group with no finished run of their config (what the notebooks would train), as
+    "group: experiment/run"."""
+    from empo2.experiments import is_finished
+
+    return [f"{group}: {cfg.experiment}/{cfg.name}" for group in GROUPS
+            for cfg in group_configs(group, profile, results_dir) if not is_finished(cfg)]
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m empo2.suite PROFILE GROUP [GROUP ...]`: train (or reuse) those runs in order."""
     import argparse

@@ -9,10 +9,13 @@ is retrained; the training itself is tested in test_trainer*.py.
 """
 
 import base64
+import hashlib
 import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -145,3 +148,25 @@ def test_clean_makes_the_repository_path_relative_drops_the_clock_and_merges_str
     once = copy.read_text()
     clean(copy)
     assert copy.read_text() == once
+
+
+def _fingerprint() -> dict[str, str]:
+    """Every file `make run` may write (results/, README.md's claims) by its content's hash; lock files aside."""
+    files = [p for p in (ROOT / "results").rglob("*") if p.is_file() and not p.name.startswith(".")]
+    return {str(p.relative_to(ROOT)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files + [ROOT / "README.md"]}
+
+
+def test_make_run_changes_no_file():
+    """`make run` on a fresh clone re-executes every notebook from the committed runs and rewrites the
+    results index: it must leave `git status` clean, so every executed copy, figure and table it writes
+    must come out byte for byte as committed (here: as they were before, so a working tree's own edits
+    do not count)."""
+    from empo2 import suite
+
+    missing = suite.unfinished("laptop", str(ROOT / "results"))
+    assert not missing, f"laptop runs not committed (make run would train them): {missing}"
+    before = _fingerprint()
+    subprocess.run([sys.executable, "-m", "empo2.notebooks"], cwd=ROOT, check=True, capture_output=True)
+    after = _fingerprint()
+    changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    assert changed == [], f"make run changed or added: {changed}"
