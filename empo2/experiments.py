@@ -193,12 +193,17 @@ def save_figure(figure, name: str, results_dir: str = "results") -> None:
 
 def variant_runs(configs: dict[str, EMPO2Config], force: bool = False
                  ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
-    """Train or reuse each labelled variant: its metrics, and one row per variant: final test score with its
-    95% interval (test episodes resampled), mean training score, and the share of training episodes that
-    ended at −100 in the first and the second half of the iterations."""
+    """Train or reuse each labelled variant: its metrics, and `variant_table`'s row per variant."""
+    folders = {label: run(cfg, force=force) for label, cfg in configs.items()}
+    return {label: metrics(folder) for label, folder in folders.items()}, variant_table(folders)
+
+
+def variant_table(folders: dict[str, Path]) -> pd.DataFrame:
+    """One row per labelled run: final test score with its 95% interval (test episodes resampled), mean
+    training score, and the share of training episodes that ended at −100 in the first and the second half
+    of the iterations."""
     from empo2.stats import bootstrap_interval
 
-    folders = {label: run(cfg, force=force) for label, cfg in configs.items()}
     frames = {label: metrics(folder) for label, folder in folders.items()}
     rows = []
     for label, frame in frames.items():
@@ -212,7 +217,7 @@ def variant_runs(configs: dict[str, EMPO2Config], force: bool = False
                      "ended at −100, first half (%)": 100 * failed(train[train["iteration"] <= half]["score"]).mean(),
                      "second half (%)": 100 * failed(train[train["iteration"] > half]["score"]).mean(),
                      "iterations": int(frame["iteration"].max())})
-    return frames, pd.DataFrame(rows).set_index("variant").round(1)
+    return pd.DataFrame(rows).set_index("variant").round(1)
 
 
 def plot_variants(frames: dict[str, pd.DataFrame], title: str, name: str, results_dir: str = "results") -> None:

@@ -42,13 +42,12 @@ def cached(path: str | Path, cfg: EMPO2Config, compute, force: bool = False, set
     many episodes). A config that differs in any field but `results_dir`, or other settings,
     recompute and replace the file (a cache of a lesson's numbers, not a run's records).
     """
-    from empo2.runs import config_differences, provenance, write_json_atomic
+    from empo2.runs import provenance, write_json_atomic
 
     path, settings = Path(path), json.loads(json.dumps(settings or {}))
     if path.exists() and not force:
-        saved = json.loads(path.read_text())
-        if (isinstance(saved, dict) and "config" in saved and not config_differences(saved["config"], cfg)
-                and saved.get("settings", {}) == settings):
+        saved = saved_record(path, cfg, settings)
+        if saved is not None:
             made_by = f"commit {saved.get('git_commit', '?')[:10]}" + (
                 ", uncommitted changes" if saved.get("git_dirty") else "")
             print(f"reusing {path} (computed with these settings by {made_by}; force=True recomputes)")
@@ -60,6 +59,20 @@ def cached(path: str | Path, cfg: EMPO2Config, compute, force: bool = False, set
     write_json_atomic(path, {"config": cfg.to_dict(), "settings": settings, "git_commit": made["git_commit"],
                              "git_dirty": made["git_dirty"], "value": value}, indent=1)
     return value
+
+
+def saved_record(path: str | Path, cfg: EMPO2Config, settings: dict | None = None) -> dict | None:
+    """What `cached` saved at `path` if `cfg` and `settings` produced it, else None (never computes)."""
+    from empo2.runs import config_differences
+
+    path, settings = Path(path), json.loads(json.dumps(settings or {}))
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    if (isinstance(saved, dict) and "config" in saved and not config_differences(saved["config"], cfg)
+            and saved.get("settings", {}) == settings):
+        return saved
+    return None
 
 
 # ----------------------------------------------------------------------------- playing episodes
@@ -332,59 +345,6 @@ def skipped_updates(frame: pd.DataFrame) -> pd.Series:
     return frame["update/skipped"].fillna(0.0) if "update/skipped" in frame else pd.Series(0.0, frame.index)
 
 
-def _score(value: float) -> str:
-    """A WebShop score as prose: two decimals below 1 (one purchase in 32 episodes moves the mean by
-    hundredths), one above."""
-    return f"{value:.2f}" if abs(value) < 1 else f"{value:.1f}"
-
-
-def webshop_takeaways(folders: list[Path], scripted: pd.DataFrame) -> str:
-    """Notebook 10's takeaways as Markdown, every figure computed from the runs `folders` (one per method
-    and seed) and the scripted reference's rows `scripted` (one per goal), so the text cannot disagree
-    with them at any profile."""
-    from empo2.experiments import compare_methods, metrics, score_table
-    from empo2.paper import table2
-    from empo2.report import _verdict
-
-    names = {"naive": "Naive", "memory_only": "memory-only", "grpo": "GRPO", "empo2": "EMPO²"}
-    table = score_table(folders)
-    scores = ", ".join(f"{names[m]} {_score(r['score'])} [{_score(r['95% low'])}, {_score(r['95% high'])}] "
-                       f"({100 * r['success']:.0f} % success, {int(r['seeds'])} seed{'s' if r['seeds'] > 1 else ''})"
-                       for m, r in table.iterrows())
-    paper = table2()
-    per_run = int(table["test episodes"].iloc[0] / table["seeds"].iloc[0])
-    lines = [f"- **Final test scores** (mean over seeds [95% interval], {per_run} test episode"
-             f"{'s' if per_run > 1 else ''} a run): {scores}; "
-             f"the paper (Qwen2.5-7B, WebShop's 1,000 products): Naive {paper.loc['Naive', 'paper score']}, "
-             f"GRPO {paper.loc['GRPO', 'paper score']}, EMPO² {paper.loc['EMPO2', 'paper score']}."]
-
-    tested = pd.concat([last_evaluation(f) for f in folders])
-    trained = pd.concat([read_episodes(f).query("phase == 'train'") for f in folders])
-    purchases = trained[[bought(a) for a in trained["actions"]]]
-    lines.append(f"- **Buying.** {sum(map(bought, tested['actions']))} of {len(tested)} test episodes (all runs) bought "
-                 f"something, and {len(purchases)} of {len(trained)} training episodes; "
-                 f"{int((purchases['score'] > 0).sum())} of those purchases scored above 0 (a product of a type related "
-                 f"to the goal).")
-
-    frames = {f: metrics(f) for f in folders}
-    by_method = {m: [f for f in folders if frames[f]["method"].iloc[0] == m] for m in ("grpo", "empo2")}
-    for method, chosen in by_method.items():
-        if chosen:
-            skipped = int(sum(skipped_updates(frames[f]).sum() for f in chosen))
-            iterations = sum(len(frames[f]) for f in chosen)
-            lines.append(f"- **{names[method]} skipped its update** in {skipped} of {iterations} iterations "
-                         f"(an update is skipped when every return of the group is equal and there is no KL term).")
-    if by_method["grpo"] and by_method["empo2"]:
-        c = compare_methods(by_method["empo2"], by_method["grpo"])
-        lines.append(f"- **EMPO² − GRPO** {c['difference']:+.2f} [{c['95% low']:+.2f}, {c['95% high']:+.2f}] "
-                     f"({len(by_method['empo2'])} vs {len(by_method['grpo'])} seeds): "
-                     f"{_verdict(c['95% low'], c['95% high'])}.")
-    lines.append(f"- **The scripted shopper** that reads the goal scores {scripted['score'].mean():.1f} with "
-                 f"{100 * scripted['success'].mean():.0f} % success on {len(scripted)} test goals: the catalogue's "
-                 f"search finds the product when the query is the goal's text.")
-    return "\n".join(lines)
-
-
 def coin_in_first_room(cfg: EMPO2Config) -> pd.Series:
     """Notebook 11: per test game of a CoinCollector config (variation -> bool), whether `take coin` is admissible
     at the first step, i.e. the coin lies in the room the agent starts in; the other games must be explored."""
@@ -530,11 +490,12 @@ TIP_STUDY_BUDGET = {"ci": dict(seeds=(0,), trials=3, episodes_per_trial=2),
 
 
 def tip_trials(profile: str, results_dir: str = "results", *, force: bool = False, seeds: tuple[int, ...] = (0, 1, 2),
-               trials: int = 10, episodes_per_trial: int = 4) -> pd.DataFrame:
+               trials: int = 10, episodes_per_trial: int = 4, saved_only: bool = False) -> pd.DataFrame | None:
     """Memory-only adaptation with free and with constrained tips: the untrained policy (frozen), `trials`
     trials of `episodes_per_trial` episodes on one variation, its tips stored after each trial. One row per
     episode, with task, tip decoding and seed (seed k plays the task's k-th training variation of
-    power-component, or the k-th test variation of the new task). Each (task, tips, seed) is cached."""
+    power-component, or the k-th test variation of the new task). Each (task, tips, seed) is cached;
+    `saved_only` reads the caches and returns None when one is missing instead of computing it."""
     from empo2.adaptation import adapt
 
     frames = []
@@ -551,9 +512,20 @@ def tip_trials(profile: str, results_dir: str = "results", *, force: bool = Fals
                                  split=split, index=seed).to_dict("records")
 
                 path = Path(results_dir) / profile / "tips" / f"trials-{task}-{tips}-seed{seed}.json"
-                rows = cached(path, cfg, compute, force, settings)
+                if saved_only:
+                    saved = saved_record(path, cfg, settings)
+                    if saved is None:
+                        return None
+                    rows = saved["value"]
+                else:
+                    rows = cached(path, cfg, compute, force, settings)
                 frames.append(pd.DataFrame(rows).assign(task=task, tips=tips, seed=seed))
     return pd.concat(frames, ignore_index=True)
+
+
+def trial_label(first: int, last: int) -> str:
+    """"trials 1-3", or "trial 1" for one."""
+    return f"trial {first}" if first == last else f"trials {first}-{last}"
 
 
 def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
@@ -573,8 +545,8 @@ def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
                                                           [pick(g, early) for g in per_seed])
         named = [names_its_episode(t, a) for t, a in zip(chosen["tip"], chosen["actions"])]
         table.append({"task": task, "tips": tips, "seeds": len(per_seed), "episodes": len(chosen),
-                      f"trials {early[0]}-{early[1]}": float(np.mean([pick(g, early).mean() for g in per_seed])),
-                      f"trials {late[0]}-{late[1]}": float(np.mean([pick(g, late).mean() for g in per_seed])),
+                      trial_label(*early): float(np.mean([pick(g, early).mean() for g in per_seed])),
+                      trial_label(*late): float(np.mean([pick(g, late).mean() for g in per_seed])),
                       "late - early": difference, "95% low": low, "95% high": high,
                       "tips naming their episode": float(np.mean(named)),
                       "tips cut": float(chosen["tip_cut"].mean()) if "tip_cut" in chosen else float("nan")})

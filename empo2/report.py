@@ -225,14 +225,21 @@ def results_readme(results_dir: Path, profiles: tuple[str, ...] = ("laptop", "ci
     return "\n".join(parts)
 
 
+RESULTS_DOCUMENT = ROOT / "docs" / "results.md"
+"""Every notebook's takeaways at the laptop profile (`empo2.takeaways.document`), written with the index."""
+
+
 def write(results_dir: str | Path = ROOT / "results", readme: Path | None = None) -> None:
     """Write `results_dir`/README.md and the claims table between `readme`'s markers (if it has them);
-    `readme` defaults to the repository's README.md when `results_dir` is the repository's results/."""
+    for the repository's results/, `readme` defaults to its README.md, and docs/results.md is rewritten too."""
+    from empo2 import takeaways
+
     results_dir = Path(results_dir)
     table = claims_markdown(claims(results_dir.resolve(), "laptop"))
     (results_dir / "README.md").write_text(results_readme(results_dir, laptop_claims=table))
-    if readme is None and results_dir.resolve() == ROOT / "results":
-        readme = ROOT / "README.md"
+    if results_dir.resolve() == ROOT / "results":
+        RESULTS_DOCUMENT.write_text(takeaways.document(results_dir))
+        readme = readme or ROOT / "README.md"
     if readme is not None and readme.exists():
         text = readme.read_text()
         if CLAIMS_START in text and CLAIMS_END in text:
@@ -243,4 +250,4 @@ def write(results_dir: str | Path = ROOT / "results", readme: Path | None = None
 
 if __name__ == "__main__":
     write()
-    print(f"wrote {ROOT / 'results' / 'README.md'} and the claims table in {ROOT / 'README.md'}")
+    print(f"wrote {ROOT / 'results' / 'README.md'}, {RESULTS_DOCUMENT} and the claims table in {ROOT / 'README.md'}")

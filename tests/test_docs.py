@@ -6,7 +6,6 @@ import importlib
 import json
 import pkgutil
 import re
-from pathlib import Path
 
 import pytest
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from empo2 import experiments, lessons
+from empo2 import experiments, lessons, takeaways
 from empo2.config import EMPO2Config
 
 
@@ -187,10 +187,10 @@ def test_webshop_takeaways_state_what_the_runs_hold(tmp_path):
     folders = [_webshop_run(tmp_path / "grpo-webshop-seed0", "grpo", skipped_first=True, test_scores=(50.0, 0.0)),
                _webshop_run(tmp_path / "empo2-webshop-seed0", "empo2", skipped_first=False, test_scores=(0.0, 0.0))]
     scripted = pd.DataFrame({"score": [100.0, 50.0], "success": [True, False]})
-    text = lessons.webshop_takeaways(folders, scripted)
-    assert "GRPO 25.0 [" in text and "EMPO² 0.00 [0.00, 0.00] (0 % success, 1 seed)" in text
+    text = takeaways.webshop_runs(folders, scripted)
+    assert "GRPO 25.00 [" in text and "EMPO² 0.00 [0.00, 0.00] (0 % success, 1 seed)" in text
     assert "2 of 4 test episodes (all runs) bought something, and 2 of 4 training episodes; 0 of those" in text
     assert "GRPO skipped its update** in 1 of 2 iterations" in text
     assert "EMPO² skipped its update** in 0 of 2 iterations" in text
-    assert "**EMPO² − GRPO** -25.00 [" in text
+    assert "**EMPO² − GRPO**: -25.0 [" in text
     assert "scores 75.0 with 50 % success on 2 test goals" in text

@@ -61,7 +61,7 @@ def test_cpu_commands_run_at_the_ci_profile(tmp_path):
     """Each command in a fresh results folder, `--profile laptop` swapped for ci; `eval` and `train ...`
     act on the run of the train command before them, and `torchrun ... ...` runs with its ellipsis dropped."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    previous, ran = None, []
+    previous, previous_results, ran = None, None, []
     for number, command in enumerate(c for c in readme_commands() if not _needs_gpu(c)):
         command = command.replace("--profile laptop", "--profile ci")
         results = tmp_path / f"command-{number}"

@@ -3,7 +3,7 @@
 import json
 import shutil
 
-from empo2 import report
+from empo2 import report, takeaways
 from empo2.notebooks import ROOT
 
 ALLOWED_VERDICTS = {"reproduced", "opposite", "within the noise", "no difference (every score equal)", "—",
@@ -52,3 +52,4 @@ def test_the_committed_index_and_claims_table_are_current():
     readme = (ROOT / "README.md").read_text()
     table = readme.split(report.CLAIMS_START)[1].split(report.CLAIMS_END)[0].strip()
     assert table == report.claims_markdown(report.claims(ROOT / "results", "laptop"))
+    assert report.RESULTS_DOCUMENT.read_text() == takeaways.document(ROOT / "results")
