@@ -109,6 +109,12 @@ def metrics(folder: Path) -> pd.DataFrame:
     return frame.assign(run=Path(folder).name, method=config["method"], seed=config["seed"])
 
 
+def run_minutes(folder: Path) -> float:
+    """A run's wall-clock as it recorded it: its iterations' and evaluations' seconds, summed, in minutes."""
+    rows = read_jsonl(Path(folder) / "metrics.jsonl")
+    return sum(rows[c].fillna(0).sum() for c in ("time/iteration", "time/evaluation") if c in rows) / 60
+
+
 def episodes(folder: Path) -> pd.DataFrame:
     frame = read_jsonl(Path(folder) / "episodes.jsonl")
     config = json.loads((Path(folder) / "config.json").read_text())["config"]

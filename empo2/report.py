@@ -43,7 +43,7 @@ def run_row(folder: Path) -> dict:
     saved = json.loads((folder / "config.json").read_text())
     cfg = saved["config"]
     rows = experiments.read_jsonl(folder / "metrics.jsonl")
-    seconds = sum(rows[c].fillna(0).sum() for c in ("time/iteration", "time/evaluation") if c in rows)
+    minutes = experiments.run_minutes(folder)
     scores = experiments.final_test_scores(folder)
     low, high = bootstrap_interval(scores) if len(scores) else (np.nan, np.nan)
     return {
@@ -51,7 +51,7 @@ def run_row(folder: Path) -> dict:
         "task": cfg["task"] if cfg["env"] in ("scienceworld", "textworld_express") else cfg["env"], "seed": cfg["seed"],
         "decoding": cfg.get("action_decoding", "free"),
         "budget": budget(cfg), "finished": (folder / "summary.json").exists(),
-        "minutes": seconds / 60 if seconds else np.nan,
+        "minutes": minutes or np.nan,
         "evaluation timed": "time/evaluation" in rows,
         "score": float(scores.mean()) if len(scores) else np.nan, "low": low, "high": high, "test episodes": len(scores),
         "commit": saved.get("git_commit", "")[:7] + (" (dirty)" if saved.get("git_dirty") else ""),

@@ -57,11 +57,6 @@ def _not_yet_run(what: str) -> str:
     return f"- {what}: not yet run at this profile."
 
 
-def _minutes(folder: Path) -> float:
-    rows = experiments.metrics(folder)
-    return sum(rows[c].fillna(0).sum() for c in ("time/iteration", "time/evaluation") if c in rows) / 60
-
-
 def _training_episodes(folder: Path) -> pd.DataFrame:
     frame = experiments.episodes(folder)
     return frame[frame["phase"] == "train"]
@@ -123,7 +118,8 @@ def main_comparison(profile: str, results_dir: str = "results") -> str:
     lines.append(training_temperature(profile, results_dir))
     lines.append(naive_all_tasks(profile, results_dir))
     lines.append("- **Minutes a run** (training and evaluation, as the runs recorded them): " + "; ".join(
-        f"{METHODS[m]} " + ", ".join(f"{_minutes(f):.1f}" for f in chosen) for m, chosen in runs.items()) + ".")
+        f"{METHODS[m]} " + ", ".join(f"{experiments.run_minutes(f):.1f}" for f in chosen)
+        for m, chosen in runs.items()) + ".")
     return "\n".join(lines)
 
 
@@ -138,14 +134,14 @@ def training_temperature(profile: str, results_dir: str = "results") -> str:
         by_policy.setdefault(suite.policy_tested(c), []).append(folder)
     table = experiments.policy_comparison(by_policy, baseline="untrained")
     name = lambda policy: "untrained" if policy == "untrained" else METHODS[policy]  # noqa: E731
+    column = lambda row, name, scale=1: [scale * row[f"{name}{end}"] for end in ("", " 95% low", " 95% high")]  # noqa: E731
     parts = []
     for policy, row in table.iterrows():
-        text = (f"{name(policy)} {interval(row['score'], row['score 95% low'], row['score 95% high'])}, "
-                f"{100 * row['ended at −100']:.1f} % at −100")
+        text = f"{name(policy)} {interval(*column(row, 'score'))}, {100 * row['ended at −100']:.1f} % at −100"
         if policy != "untrained":
-            text += (f" (against untrained: score {interval(row['score vs untrained'], row['score vs untrained 95% low'], row['score vs untrained 95% high'], signed=True)}, "  # noqa: E501
-                     f"{verdict(row['score vs untrained 95% low'], row['score vs untrained 95% high'])}; at −100 "
-                     f"{interval(100 * row['ended at −100 vs untrained'], 100 * row['ended at −100 vs untrained 95% low'], 100 * row['ended at −100 vs untrained 95% high'], signed=True)} points)")  # noqa: E501
+            score = column(row, "score vs untrained")
+            text += (f" (against untrained: score {interval(*score, signed=True)}, {verdict(*score[1:])}; at −100 "
+                     f"{interval(*column(row, 'ended at −100 vs untrained', 100), signed=True)} points)")
         parts.append(text)
     extra = ""
     if {"empo2", "grpo"} <= set(by_policy):
@@ -236,7 +232,8 @@ def variants(configs: dict[str, object], compared: list[tuple[str, str]]) -> str
         lines.append("- **Training rollouts with tips − plain ones of the same iteration**: " + "; ".join(
             f"{label} {interval(d['memory - plain'], d['95% low'], d['95% high'], signed=True)}"
             for label, d in guided.items() if d["paired iterations"]) + ".")
-    lines.append("- **Minutes a run**: " + ", ".join(f"{label} {_minutes(f):.1f}" for label, f in by_label.items()) + ".")
+    lines.append("- **Minutes a run**: " + ", ".join(f"{label} {experiments.run_minutes(f):.1f}"
+                                                   for label, f in by_label.items()) + ".")
     return "\n".join(lines)
 
 
@@ -406,7 +403,8 @@ def tips(profile: str, results_dir: str = "results", task: str = suite.MAIN_TASK
         for (study_task, decoding), r in gain.iterrows():
             lines.append(f"- **Memory-only, {decoding} tips, {study_task}** ({_n(int(r['seeds']), 'seed')}, "
                          f"{int(r['episodes'])} episodes): {early} {r[early]:.1f}, "
-                         f"{late} {r[late]:.1f}, late − early {interval(r['late - early'], r['95% low'], r['95% high'], signed=True)} "  # noqa: E501
+                         f"{late} {r[late]:.1f}, late − early "
+                         f"{interval(r['late - early'], r['95% low'], r['95% high'], signed=True)} "
                          f"({verdict(r['95% low'], r['95% high'])}); {100 * r['tips naming their episode']:.0f} % of "
                          f"the tips name an action or object of their episode, {100 * r['tips cut']:.0f} % are cut.")
     inside = {"EMPO² runs of notebook 04": suite.main_comparison(profile, results_dir),
@@ -508,7 +506,8 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
                  for m in order}
     lines = [f"- **Final test scores** on the {configs[0].n_test_variations} held-out games (without memory; "
              "memory-only with its memory): " + "; ".join(
-                 f"{METHODS[m]} {interval(*table.loc[m, ['score', '95% low', '95% high']])} ({_n(table.loc[m, 'seeds'], 'seed')}, "
+                 f"{METHODS[m]} {interval(*table.loc[m, ['score', '95% low', '95% high']])} "
+                 f"({_n(table.loc[m, 'seeds'], 'seed')}, "
                  f"success {100 * table.loc[m, 'success']:.1f} % [{successes[m][0]:.1f}, {successes[m][1]:.1f}])"
                  for m in order) + "."]
     lines.append("- **Differences** (seeds, then games resampled): " + "; ".join(
