@@ -96,12 +96,17 @@ VOLATILE_PAPERMILL_KEYS = ("start_time", "end_time", "duration")
 """Papermill's clock readings, per notebook and per cell: they differ on every run and say nothing about results."""
 
 
+MACHINE_SPECIFIC = "machine-specific"
+"""The tag of a cell whose output describes the machine that ran it (versions, paths): cleared in executed copies."""
+
+
 def clean(executed: Path, root: Path = ROOT) -> None:
     """Make an executed copy independent of the machine and the moment that ran it: every occurrence of the
     repository's absolute path, in outputs and in papermill's metadata, becomes relative, and the clock
     readings (papermill's start, end and duration, the kernel's `execution` timestamps) are dropped, a cell's
-    consecutive stream outputs are merged and the injected parameters cell gets a fixed id, so that
-    re-executing a notebook whose results did not change leaves its copy byte for byte the same."""
+    consecutive stream outputs are merged, the outputs of cells tagged `MACHINE_SPECIFIC` are cleared and the
+    injected parameters cell gets a fixed id, so that re-executing a notebook whose results did not change
+    leaves its copy byte for byte the same."""
     import nbformat
     from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
@@ -115,6 +120,8 @@ def clean(executed: Path, root: Path = ROOT) -> None:
     for cell in notebook.cells:
         if "injected-parameters" in cell.metadata.get("tags", []):
             cell.id = "injected-parameters"  # papermill draws a new random id on every run
+        if MACHINE_SPECIFIC in cell.metadata.get("tags", []):
+            cell.outputs = []  # e.g. the versions installed here: each run records its own in config.json
     for metadata in [notebook.metadata] + [cell.metadata for cell in notebook.cells]:
         metadata.pop("execution", None)
         for key in VOLATILE_PAPERMILL_KEYS:

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from empo2.notebooks import ROOT, clean, execute, notebook_paths
+from empo2.notebooks import MACHINE_SPECIFIC, ROOT, clean, execute, notebook_paths
 
 NOTEBOOKS = notebook_paths()
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -125,7 +125,7 @@ def test_committed_executed_copies_read_cleanly():
         assert_reads_cleanly(json.loads(path.read_text()), path.name)
 
 
-def test_clean_makes_the_repository_path_relative_drops_the_clock_and_merges_streams(tmp_path):
+def test_clean_makes_the_repository_path_relative_drops_the_clock_and_machine_and_merges_streams(tmp_path):
     import nbformat
 
     copy = tmp_path / "copy.ipynb"
@@ -133,9 +133,11 @@ def test_clean_makes_the_repository_path_relative_drops_the_clock_and_merges_str
     cell = nbformat.v4.new_code_cell("print()", outputs=[nbformat.v4.new_output("stream", text="".join(lines[:2])),
                                                           nbformat.v4.new_output("stream", text=lines[2])])
     injected = nbformat.v4.new_code_cell('profile = "ci"', metadata={"tags": ["injected-parameters"]})
+    versions = nbformat.v4.new_code_cell("print(torch.__version__)", metadata={"tags": [MACHINE_SPECIFIC]},
+                                         outputs=[nbformat.v4.new_output("stream", text="2.13.0+cpu\n")])
     cell.metadata = {"execution": {"iopub.status.busy": "2026-12-02T17:31:01Z"},
                      "papermill": {"duration": 0.02, "start_time": "t0", "end_time": "t1", "status": "completed"}}
-    notebook = nbformat.v4.new_notebook(cells=[cell, injected], metadata={"papermill": {
+    notebook = nbformat.v4.new_notebook(cells=[cell, injected, versions], metadata={"papermill": {
         "input_path": f"{ROOT}/notebooks/00_quickstart.ipynb", "duration": 9.0, "start_time": "t0", "end_time": "t1"}})
     nbformat.write(notebook, copy)
     clean(copy)
@@ -145,6 +147,7 @@ def test_clean_makes_the_repository_path_relative_drops_the_clock_and_merges_str
     assert "".join(cleaned["cells"][0]["outputs"][0]["text"]) == "reusing results/ci/x\ncwd .\n" + f"{ROOT}-other\n"
     assert cleaned["cells"][0]["metadata"] == {"papermill": {"status": "completed"}}
     assert cleaned["cells"][1]["id"] == "injected-parameters"  # not papermill's random one
+    assert cleaned["cells"][2]["outputs"] == [], "a machine-specific cell's output is left out"
     once = copy.read_text()
     clean(copy)
     assert copy.read_text() == once
