@@ -121,6 +121,21 @@ def episodes(folder: Path) -> pd.DataFrame:
     return frame.assign(run=Path(folder).name, method=config["method"], seed=config["seed"])
 
 
+def training_episodes(folder: Path) -> pd.DataFrame:
+    """The rows of a run's training episodes (its tests left out)."""
+    frame = episodes(folder)
+    return frame[frame["phase"] == "train"]
+
+
+def fatal_endings_by_half(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each training episode ended at −100 (1.0) or not (0.0), in the first and in the second half of
+    the run's iterations: (episodes in the first half,), (episodes in the second half,)."""
+    train = training_episodes(folder)
+    half = train["iteration"].max() / 2
+    ended = failed(train["score"].to_numpy(float)).astype(float)
+    return ended[(train["iteration"] <= half).to_numpy()], ended[(train["iteration"] > half).to_numpy()]
+
+
 def final_test_scores(folder: Path) -> np.ndarray:
     """Scores of the test episodes of a run's last evaluation: (episodes,)."""
     frame = episodes(folder)
@@ -215,13 +230,11 @@ def variant_table(folders: dict[str, Path]) -> pd.DataFrame:
     for label, frame in frames.items():
         scores = final_test_scores(folders[label])
         low, high = bootstrap_interval(scores)
-        train = episodes(folders[label])
-        train = train[train["phase"] == "train"]
-        half = frame["iteration"].max() / 2
+        first_half, second_half = fatal_endings_by_half(folders[label])
         rows.append({"variant": label, "final test score": scores.mean(), "95% low": low, "95% high": high,
                      "test episodes": len(scores), "mean training score": frame["train/score"].mean(),
-                     "ended at −100, first half (%)": 100 * failed(train[train["iteration"] <= half]["score"]).mean(),
-                     "second half (%)": 100 * failed(train[train["iteration"] > half]["score"]).mean(),
+                     "ended at −100, first half (%)": 100 * first_half.mean(),
+                     "second half (%)": 100 * second_half.mean(),
                      "iterations": int(frame["iteration"].max())})
     return pd.DataFrame(rows).set_index("variant").round(1)
 

@@ -512,15 +512,48 @@ def tip_trials(profile: str, results_dir: str = "results", *, force: bool = Fals
                                  split=split, index=seed).to_dict("records")
 
                 path = Path(results_dir) / profile / "tips" / f"trials-{task}-{tips}-seed{seed}.json"
-                if saved_only:
-                    saved = saved_record(path, cfg, settings)
-                    if saved is None:
-                        return None
-                    rows = saved["value"]
-                else:
-                    rows = cached(path, cfg, compute, force, settings)
+                rows = _cached_or_saved(path, cfg, compute, force, settings, saved_only)
+                if rows is None:
+                    return None
                 frames.append(pd.DataFrame(rows).assign(task=task, tips=tips, seed=seed))
     return pd.concat(frames, ignore_index=True)
+
+
+def ood_trials(profile: str, results_dir: str = "results", *, force: bool = False,
+               target_task: str = "test-conductivity", trials: int = 0, episodes_per_trial: int = 4,
+               saved_only: bool = False) -> dict[str, pd.DataFrame] | None:
+    """Notebook 05: the main comparison's seed-0 EMPO² and GRPO policies (trained first where they are not)
+    adapting to `target_task` with memory, weights frozen: `trials` trials (0: 10, 3 at ci) of
+    `episodes_per_trial` episodes, tips stored after each trial. One frame per method, a row per episode; each
+    cached beside its run's config; `saved_only` reads the caches and returns None when one is missing."""
+    from empo2 import experiments, suite
+    from empo2.adaptation import adapt
+
+    settings = {"target_task": target_task, "trials": trials or (3 if profile == "ci" else 10),
+                "episodes_per_trial": episodes_per_trial}
+    curves = {}
+    for method in ("empo2", "grpo"):
+        cfg = suite.main_run(profile, method, results_dir)
+
+        def compute(cfg=cfg):
+            weights = experiments.run(cfg) / "final_weights.pt"
+            return adapt(cfg, weights if weights.exists() else None, target_task, trials=settings["trials"],
+                         episodes_per_trial=episodes_per_trial).to_dict("records")
+
+        path = Path(results_dir) / profile / "ood" / f"{method}-to-{target_task}.json"
+        rows = _cached_or_saved(path, cfg, compute, force, settings, saved_only)
+        if rows is None:
+            return None
+        curves[method] = pd.DataFrame(rows)
+    return curves
+
+
+def _cached_or_saved(path: Path, cfg: EMPO2Config, compute, force: bool, settings: dict, saved_only: bool):
+    """`cached(...)`, or with `saved_only` the saved value (None if there is none for these settings)."""
+    if not saved_only:
+        return cached(path, cfg, compute, force, settings)
+    saved = saved_record(path, cfg, settings)
+    return None if saved is None else saved["value"]
 
 
 def trial_label(first: int, last: int) -> str:

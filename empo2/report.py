@@ -157,26 +157,28 @@ def claims(results_dir: str | Path = "results", profile: str = "laptop", noteboo
         ("11", lambda: _difference_claim("EMPO² training beats the untrained model, on a game a laptop can train on",
                                          "11, Table 1", "not in the paper (CoinCollector)", on_coin("empo2"),
                                          on_coin("naive"), "EMPO² − Naive")),
-        ("05", lambda: ood_claim(Path(results_dir) / profile / "ood")),
+        ("05", lambda: ood_claim(profile, results_dir)),
         ("09", lambda: memory_cost_claim(of("empo2"))),
     ]
     return pd.DataFrame([row() for where, row in rows if notebook in (None, where)])
 
 
-def ood_claim(folder: Path, target_task: str = "test-conductivity") -> dict:
+def ood_claim(profile: str, results_dir: str | Path = "results", target_task: str = "test-conductivity") -> dict:
     """Notebook 05: the trained policies on a new task, memory growing over trials, weights frozen."""
+    from empo2.lessons import ood_trials
+
     final = {(a, b): f"{e} vs {g}" for (a, b), (g, e) in paper.OOD_ADAPTATION.items()}
     row = {"claim": "An EMPO² policy adapts to a new task with memory better than a GRPO one", "where": "05, §6",
            "paper": "final trial " + "; ".join(final.values()) + " (3 task pairs)"}
-    paths = [folder / f"{method}-to-{target_task}.json" for method in ("empo2", "grpo")]
-    if not all(p.exists() for p in paths):
+    trials = ood_trials(profile, str(results_dir), target_task=target_task, saved_only=True)
+    if trials is None:
         return {**row, "ours": "not yet run at this profile", "verdict": "—"}
-    saved = [json.loads(p.read_text()) for p in paths]
-    empo2, grpo = ([r["score"] for r in s["value"]] for s in saved)  # saved by lessons.cached
+    empo2, grpo = (trials[m]["score"].to_list() for m in ("empo2", "grpo"))
     difference, low, high = seed_bootstrap_difference([empo2], [grpo])
     return {**row, "verdict": _verdict(low, high),
             "ours": f"EMPO² − GRPO over all trials {difference:+.1f} [{low:+.1f}, {high:+.1f}] (power-component → "
-                    f"{target_task}, {len(empo2)} vs {len(grpo)} episodes, seed 0)"}
+                    f"{target_task}, "
+                    f"{len(empo2)} vs {len(grpo)} episodes, seed 0)"}
 
 
 def memory_cost_claim(configs) -> dict:

@@ -57,21 +57,11 @@ def _not_yet_run(what: str) -> str:
     return f"- {what}: not yet run at this profile."
 
 
-def _training_episodes(folder: Path) -> pd.DataFrame:
-    frame = experiments.episodes(folder)
-    return frame[frame["phase"] == "train"]
-
-
 def fatal_share_by_half(folders: list[Path]) -> dict:
     """The share of training episodes ending at −100 in the first and the second half of the iterations (means
     over runs), and second minus first with its 95% interval (runs, then episodes, resampled)."""
-    first, second = [], []
-    for folder in folders:
-        train = _training_episodes(folder)
-        half = train["iteration"].max() / 2
-        first.append(failed(train[train["iteration"] <= half]["score"].to_numpy(float)).astype(float))
-        second.append(failed(train[train["iteration"] > half]["score"].to_numpy(float)).astype(float))
-    change, low, high = seed_bootstrap_difference(second, first)
+    first, second = zip(*(experiments.fatal_endings_by_half(folder) for folder in folders))
+    change, low, high = seed_bootstrap_difference(list(second), list(first))
     return {"first": 100 * np.mean([f.mean() for f in first]), "second": 100 * np.mean([s.mean() for s in second]),
             "change": 100 * change, "low": 100 * low, "high": 100 * high}
 
@@ -174,12 +164,11 @@ def naive_all_tasks(profile: str, results_dir: str = "results") -> str:
 def ood_adaptation(profile: str, results_dir: str = "results", target_task: str = "test-conductivity") -> str:
     """Notebook 05: the trained policies adapting to a new task with memory, weights frozen."""
     from empo2.adaptation import names_its_episode
-    from empo2.lessons import trial_label
+    from empo2.lessons import ood_trials, trial_label
 
-    paths = {m: Path(results_dir) / profile / "ood" / f"{m}-to-{target_task}.json" for m in ("empo2", "grpo")}
-    if not all(p.exists() for p in paths.values()):
+    trials = ood_trials(profile, results_dir, target_task=target_task, saved_only=True)
+    if trials is None:
         return _not_yet_run("Adaptation to a new task")
-    trials = {m: pd.DataFrame(json.loads(p.read_text())["value"]) for m, p in paths.items()}  # saved by lessons.cached
     lines = []
     for method, rows in trials.items():
         means = rows.groupby("trial")["score"].mean()
@@ -256,12 +245,12 @@ def intrinsic_sweep(profile: str, results_dir: str = "results") -> str:
     folders = _finished(configs.values())
     if folders is None:
         return text
-    paid = {label: _training_episodes(f)["intrinsic"].mean() for label, f in zip(configs, folders)}
+    paid = {label: experiments.training_episodes(f)["intrinsic"].mean() for label, f in zip(configs, folders)}
     text += "\n- **Mean intrinsic return of a training episode**: " + ", ".join(
         f"{label} {value:.2f}" for label, value in paid.items()) + "."
     main = _finished(c for c in suite.main_comparison(profile, results_dir) if c.method == "empo2")
     if main:
-        train = pd.concat([_training_episodes(f) for f in main])
+        train = pd.concat([experiments.training_episodes(f) for f in main])
         groups = train.groupby(["run", "iteration"]).agg(scores=("score", "std"), intrinsic=("intrinsic", "std"),
                                                          fatal=("score", lambda s: bool(failed(s).any())))
         text += (f"\n- **Part 2, notebook 04's EMPO² runs** ({len(groups)} groups): intrinsic returns "
