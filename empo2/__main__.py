@@ -9,6 +9,7 @@
     python -m empo2 train --env textworld_express --task coin --profile laptop   # CoinCollector, about an hour
     python -m empo2 eval --method grpo --task power-component --profile laptop # evaluate a trained run again
     python -m empo2 config --profile paper                 # print a profile with every field's help
+    python -m empo2 replay results/laptop/coin/empo2-coin-seed0 --iterations 2   # does this code still produce it?
 
 A run lives in results/<profile>/<experiment>/<run>/ (experiment: the task's name unless --experiment),
 where the notebooks look for it. `train` refuses a folder that already holds a run unless told to
@@ -125,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
             how.add_argument("--overwrite", action="store_true", help="delete the run in its folder and train afresh")
         sub.add_argument("--quiet", action="store_true", help="no progress bars")
 
+    replay_parser = commands.add_parser("replay", help="retrain a saved run's first iterations in a scratch folder "
+                                                       "and compare its episodes with the saved ones")
+    replay_parser.add_argument("run_dir")
+    replay_parser.add_argument("--iterations", type=int, default=1)
+
     config_parser = commands.add_parser("config", help="print a profile's config with every field's help")
     config_parser.add_argument("--profile", default="laptop", choices=PROFILES)
 
@@ -136,6 +142,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "demo":
         demo(args)
         return
+    if args.command == "replay":
+        from empo2.replay import replay
+
+        try:
+            found = replay(args.run_dir, args.iterations)
+        except (FileNotFoundError, ValueError) as error:
+            raise SystemExit(f"error: {error}") from None
+        print(found)
+        raise SystemExit(0 if found.difference is None else 1)
     if args.command == "config":
         cfg = EMPO2Config.from_profile(args.profile)
         helps = EMPO2Config.help()
