@@ -42,18 +42,25 @@ class Replay:
 
 
 def first_difference(saved: list[dict], replayed: list[dict]) -> tuple[str | None, list[str]]:
-    """The first row and field where two lists of episode rows differ (None if they agree on every field
-    both have), and the fields only one of them has."""
+    """Where two lists of episode rows differ (None if they agree on every field both have): the first row
+    and field that differ, and how many rows differ in each field; and the fields only one side has."""
     saved_keys, replayed_keys = ({key for row in rows for key in row} for rows in (saved, replayed))
     unshared = sorted(saved_keys ^ replayed_keys)
     if len(saved) != len(replayed):
         return f"{len(saved)} saved episodes, {len(replayed)} replayed", unshared
+    differing = {}  # field -> rows that differ in it
+    first = None
     for index, (old, new) in enumerate(zip(saved, replayed)):
-        for key in sorted(set(old) & set(new)):
-            if old[key] != new[key]:
-                where = f"episode {index} (iteration {old.get('iteration')}, {old.get('phase')})"
-                return f"{where}, field {key!r}: saved {old[key]!r}, replayed {new[key]!r}", unshared
-    return None, unshared
+        for key in sorted(saved_keys & replayed_keys):
+            if old.get(key) != new.get(key):
+                differing[key] = differing.get(key, 0) + 1
+                if first is None:
+                    where = f"episode {index} (iteration {old.get('iteration')}, {old.get('phase')})"
+                    first = f"{where}, field {key!r}: saved {old.get(key)!r}, replayed {new.get(key)!r}"
+    if first is None:
+        return None, unshared
+    counts = ", ".join(f"{key} in {n}" for key, n in differing.items())
+    return f"{first}; episodes that differ, by field: {counts}", unshared
 
 
 def replay(run_dir: str | Path, iterations: int = 1, scratch: str | Path | None = None) -> Replay:

@@ -17,6 +17,7 @@ def test_identical_rows_agree_and_the_first_changed_field_is_named():
     difference, _ = first_difference(_rows(), changed)
     assert difference.startswith("episode 1 (iteration 1, train), field 'actions'")
     assert "['look around']" in difference and "['move east']" in difference
+    assert difference.endswith("episodes that differ, by field: actions in 1")
 
 
 def test_missing_episodes_and_fields_one_side_lacks_are_reported():
