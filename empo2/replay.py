@@ -6,7 +6,7 @@ folder, for its first `iterations` iterations (a `naive` run: its one evaluation
 episode row it writes with the saved one, field by field:
 
     python -m empo2 replay results/laptop/coin/empo2-coin-seed0 --iterations 2
-    -> results/laptop/coin/empo2-coin-seed0: the first 2 iterations replay identically (64 episodes)
+    -> results/laptop/coin/empo2-coin-seed0: the first 2 iteration(s) replay identically (16 episodes)
 
 Fields that only one side has (rows saved before a field existed) are listed, not compared.
 """
@@ -48,10 +48,11 @@ def first_difference(saved: list[dict], replayed: list[dict]) -> tuple[str | Non
     unshared = sorted(saved_keys ^ replayed_keys)
     if len(saved) != len(replayed):
         return f"{len(saved)} saved episodes, {len(replayed)} replayed", unshared
+    shared = sorted(saved_keys & replayed_keys)
     differing = {}  # field -> rows that differ in it
     first = None
     for index, (old, new) in enumerate(zip(saved, replayed)):
-        for key in sorted(saved_keys & replayed_keys):
+        for key in shared:
             if old.get(key) != new.get(key):
                 differing[key] = differing.get(key, 0) + 1
                 if first is None:

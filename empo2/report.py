@@ -177,8 +177,7 @@ def ood_claim(profile: str, results_dir: str | Path = "results", target_task: st
     difference, low, high = seed_bootstrap_difference([empo2], [grpo])
     return {**row, "verdict": _verdict(low, high),
             "ours": f"EMPO² − GRPO over all trials {difference:+.1f} [{low:+.1f}, {high:+.1f}] (power-component → "
-                    f"{target_task}, "
-                    f"{len(empo2)} vs {len(grpo)} episodes, seed 0)"}
+                    f"{target_task}, {len(empo2)} vs {len(grpo)} episodes, seed 0)"}
 
 
 def memory_cost_claim(configs) -> dict:

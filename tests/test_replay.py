@@ -1,4 +1,5 @@
-"""Comparing a saved run's episodes with replayed ones (the training itself: test_textworld_express)."""
+"""Comparing a saved run's episodes with replayed ones. The retraining itself is not run here: it costs a
+training run, and `replay` calls `Trainer.train(stop_after=...)`, which the resume tests cover."""
 
 import pytest
 
