@@ -127,6 +127,15 @@ def training_episodes(folder: Path) -> pd.DataFrame:
     return frame[frame["phase"] == "train"]
 
 
+def tip_free_training_scores(folder: Path, iterations: range | None = None) -> np.ndarray:
+    """Scores of a run's training episodes played without tips (GRPO's all, EMPO²'s plain ones), of every
+    iteration or of `iterations`: (episodes,). Their mean is the area under the tip-free policy's learning
+    curve."""
+    train = training_episodes(folder)
+    chosen = (train["mode"] == "plain") & (train["iteration"].isin(iterations) if iterations else True)
+    return train[chosen]["score"].to_numpy(dtype=float)
+
+
 def fatal_endings_by_half(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     """Whether each training episode ended at −100 (1.0) or not (0.0), in the first and in the second half of
     the run's iterations: (episodes in the first half,), (episodes in the second half,)."""

@@ -73,6 +73,20 @@ def score_counts(scores: np.ndarray) -> str:
 
 
 # ------------------------------------------------------------------------------------------ notebook 04
+def learning_speed(empo2: list[Path], grpo: list[Path], iterations: int) -> str:
+    """Notebooks 04 and 11: EMPO² − GRPO in the mean score of tip-free training episodes (the area under the
+    learning curve of the policy that is tested), over the whole run and each half, with 95% intervals."""
+    spans = {"the whole run": range(1, iterations + 1), "first half": range(1, iterations // 2 + 1),
+             "second half": range(iterations // 2 + 1, iterations + 1)}
+
+    def faster(span: range) -> str:
+        a, b = ([experiments.tip_free_training_scores(f, span) for f in runs] for runs in (empo2, grpo))
+        return interval(*seed_bootstrap_difference(a, b), signed=True)
+
+    return ("- **Learning speed**, EMPO² − GRPO in the mean score of tip-free training episodes (the area under "
+            "the learning curve): " + "; ".join(f"{name} {faster(span)}" for name, span in spans.items()) + ".")
+
+
 def main_comparison(profile: str, results_dir: str = "results") -> str:
     """Notebook 04: the final test scores, their differences, the fatal ending in training, the test at the
     training temperature, the untrained model on the 18 tasks, and what a run cost."""
@@ -105,6 +119,8 @@ def main_comparison(profile: str, results_dir: str = "results") -> str:
                  + "; ".join(f"{METHODS[m]} {s['first']:.0f} % → {s['second']:.0f} % "
                              f"({interval(s['change'], s['low'], s['high'], signed=True)} points, "
                              f"{_n(len(runs[m]), 'run')})" for m, s in shares.items()) + ".")
+    if "empo2" in runs and "grpo" in runs:
+        lines.append(learning_speed(runs["empo2"], runs["grpo"], cfg.iterations))
     lines.append(training_temperature(profile, results_dir))
     lines.append(naive_all_tasks(profile, results_dir))
     lines.append("- **Minutes a run** (training and evaluation, as the runs recorded them): " + "; ".join(
@@ -513,6 +529,8 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
             + f"{train['score'].iloc[-1]:.1f} in the last block; test score {test['score'].iloc[0]:.1f} at iteration "
             f"{test.index[0]}, highest {test['score'].max():.1f} (iteration {test['score'].idxmax()}), final "
             f"{test['score'].iloc[-1]:.1f} ({table.loc[m, 'training minutes per run']:.0f} training minutes a run).")
+    if runs["empo2"] and runs["grpo"]:
+        lines.append(learning_speed(runs["empo2"], runs["grpo"], configs[0].iterations))
     for m in order:
         tested = pd.concat([last_evaluation(f) for f in runs[m]])
         won = tested[succeeded(tested["score"])]

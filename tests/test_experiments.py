@@ -50,3 +50,16 @@ def test_finished_runs_are_reused_and_force_retrains(tmp_path, capsys):
     assert not experiments.is_finished(other)  # a changed config is not reused
     saved = json.loads((folder / "config.json").read_text())["config"]
     assert saved["lr"] == cfg.lr
+
+
+def test_tip_free_training_scores_leave_out_the_episodes_played_with_tips():
+    from empo2.notebooks import ROOT
+
+    coin = ROOT / "results" / "laptop" / "coin"
+    empo2, grpo = (experiments.training_episodes(coin / f"{m}-coin-seed0") for m in ("empo2", "grpo"))
+    assert set(empo2["mode"]) == {"plain", "memory_on", "off_policy"} and set(grpo["mode"]) == {"plain"}
+    plain = empo2[empo2["mode"] == "plain"]
+    assert list(experiments.tip_free_training_scores(coin / "empo2-coin-seed0")) == list(plain["score"])
+    assert len(experiments.tip_free_training_scores(coin / "grpo-coin-seed0")) == len(grpo)
+    first_half = experiments.tip_free_training_scores(coin / "empo2-coin-seed0", range(1, 51))
+    assert list(first_half) == list(plain[plain["iteration"] <= 50]["score"])
