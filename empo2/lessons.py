@@ -443,13 +443,16 @@ def loss_metrics(tokens: pd.DataFrame, cfg: EMPO2Config) -> pd.DataFrame:
     return pd.DataFrame(table).T
 
 
-def training_curve(folders: list[Path], resamples: int = 2000, window: int = 1, phase: str = "train") -> pd.DataFrame:
+def training_curve(folders: list[Path], resamples: int = 2000, window: int = 1, phase: str = "train",
+                   tip_free: bool = False) -> pd.DataFrame:
     """Notebooks 04 and 11: per iteration, the mean episode score over runs (each run's mean first) and its 95%
     interval (bootstrap over runs, then episodes). `window` > 1 pools blocks of that many iterations (indexed by
-    their last); `phase` "eval" gives the test episodes of each evaluation instead of the training ones."""
+    their last); `phase` "eval" gives the test episodes of each evaluation instead of the training ones;
+    `tip_free` keeps only the episodes played without tips (EMPO²'s plain ones; the tests are all tip-free)."""
     from empo2.stats import seed_bootstrap_interval
 
     frames = [read_episodes(f) for f in folders]
+    frames = [f[f["mode"] == "plain"] if tip_free else f for f in frames]
     played = [f[f["phase"] == phase].assign(block=lambda f: ((f["iteration"] - 1) // window + 1) * window)
               for f in frames]
     rows = []

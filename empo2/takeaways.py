@@ -521,10 +521,10 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
     for m in ("grpo", "empo2"):
         if not runs[m]:
             continue
-        train, test = training_curve(runs[m], window=window), training_curve(runs[m], phase="eval")
+        train, test = training_curve(runs[m], window=window, tip_free=True), training_curve(runs[m], phase="eval")
         half_way = train.index[train["score"] >= 50]
         lines.append(
-            f"- **{METHODS[m]}** training score {train['score'].iloc[0]:.1f} in iterations 1–{train.index[0]}, "
+            f"- **{METHODS[m]}** tip-free training score {train['score'].iloc[0]:.1f} in iterations 1–{train.index[0]}, "
             + (f"first 50 or more in the block ending at iteration {half_way[0]}, " if len(half_way) else "never 50 or more, ")
             + f"{train['score'].iloc[-1]:.1f} in the last block; test score {test['score'].iloc[0]:.1f} at iteration "
             f"{test.index[0]}, highest {test['score'].max():.1f} (iteration {test['score'].idxmax()}), final "
