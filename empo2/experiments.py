@@ -132,7 +132,7 @@ def tip_free_training_scores(folder: Path, iterations: range | None = None) -> n
     iteration or of `iterations`: (episodes,). Their mean is the area under the tip-free policy's learning
     curve."""
     train = training_episodes(folder)
-    chosen = (train["mode"] == "plain") & (train["iteration"].isin(iterations) if iterations else True)
+    chosen = (train["mode"] == "plain") & (train["iteration"].isin(iterations) if iterations is not None else True)
     return train[chosen]["score"].to_numpy(dtype=float)
 
 

@@ -8,6 +8,8 @@ import sys
 
 from empo2 import experiments
 from empo2.config import EMPO2Config
+from empo2.lessons import training_curve
+from empo2.notebooks import ROOT
 
 
 def _tiny(tmp_path, experiment):
@@ -53,8 +55,6 @@ def test_finished_runs_are_reused_and_force_retrains(tmp_path, capsys):
 
 
 def test_tip_free_training_scores_leave_out_the_episodes_played_with_tips():
-    from empo2.notebooks import ROOT
-
     coin = ROOT / "results" / "laptop" / "coin"
     empo2, grpo = (experiments.training_episodes(coin / f"{m}-coin-seed0") for m in ("empo2", "grpo"))
     assert set(empo2["mode"]) == {"plain", "memory_on", "off_policy"} and set(grpo["mode"]) == {"plain"}
@@ -63,8 +63,6 @@ def test_tip_free_training_scores_leave_out_the_episodes_played_with_tips():
     assert len(experiments.tip_free_training_scores(coin / "grpo-coin-seed0")) == len(grpo)
     first_half = experiments.tip_free_training_scores(coin / "empo2-coin-seed0", range(1, 51))
     assert list(first_half) == list(plain[plain["iteration"] <= 50]["score"])
-    from empo2.lessons import training_curve
-
     curve = training_curve([coin / "empo2-coin-seed0"], resamples=100, window=50, tip_free=True)
     assert curve.loc[50, "score"] == first_half.mean() != training_curve([coin / "empo2-coin-seed0"], resamples=100,
                                                                            window=50).loc[50, "score"]
