@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from empo2.config import EMPO2Config
-from empo2.episode import failed, succeeded
+from empo2.episode import PLAIN, failed, succeeded
 from empo2.runs import RunFolder, config_differences, read_rows
 
 try:
@@ -127,13 +127,19 @@ def training_episodes(folder: Path) -> pd.DataFrame:
     return frame[frame["phase"] == "train"]
 
 
+def tip_free(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of episodes played without tips (GRPO's all, EMPO²'s plain ones; every test episode)."""
+    return frame[frame["mode"] == PLAIN.label]
+
+
 def tip_free_training_scores(folder: Path, iterations: range | None = None) -> np.ndarray:
     """Scores of a run's training episodes played without tips (GRPO's all, EMPO²'s plain ones), of every
     iteration or of `iterations`: (episodes,). Their mean is the area under the tip-free policy's learning
     curve."""
-    train = training_episodes(folder)
-    chosen = (train["mode"] == "plain") & (train["iteration"].isin(iterations) if iterations is not None else True)
-    return train[chosen]["score"].to_numpy(dtype=float)
+    train = tip_free(training_episodes(folder))
+    if iterations is not None:
+        train = train[train["iteration"].isin(iterations)]
+    return train["score"].to_numpy(dtype=float)
 
 
 def fatal_endings_by_half(folder: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ import pandas as pd
 from empo2.config import EMPO2Config
 from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, failed
 from empo2.experiments import episodes as read_episodes
-from empo2.experiments import progress_enabled
+from empo2.experiments import progress_enabled, tip_free as tip_free_rows
 
 
 # ----------------------------------------------------------------------------- saved results
@@ -452,7 +452,7 @@ def training_curve(folders: list[Path], resamples: int = 2000, window: int = 1, 
     from empo2.stats import seed_bootstrap_interval
 
     frames = [read_episodes(f) for f in folders]
-    frames = [f[f["mode"] == "plain"] if tip_free else f for f in frames]
+    frames = [tip_free_rows(f) if tip_free else f for f in frames]
     played = [f[f["phase"] == phase].assign(block=lambda f: ((f["iteration"] - 1) // window + 1) * window)
               for f in frames]
     rows = []
