@@ -113,9 +113,14 @@ def _quiet_transformers() -> None:
     warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated.*")
 
 
-def default_dtype() -> torch.dtype:
-    """bfloat16 everywhere: about 3x faster than float32 on CPUs with AMX/AVX512-bf16."""
-    return torch.bfloat16
+def default_dtype(device: str | torch.device = "cpu") -> torch.dtype:
+    """bfloat16 on GPUs and on CPUs with bfloat16 instructions (AMX or AVX512-bf16), where it is about 3x faster
+    than float32; float32 on other CPUs (most laptops), where bfloat16 matrix products are emulated and many times
+    slower (`python benchmarks/cpu_dtype.py` prints the ratio on this machine)."""
+    if torch.device(device).type != "cpu":
+        return torch.bfloat16
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch.cpu's own checks of the CPU's flags
+    return torch.bfloat16 if any(getattr(torch.cpu, probe, lambda: False)() for probe in probes) else torch.float32
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_POLICY):
@@ -149,7 +154,7 @@ def load_policy(
     _quiet_transformers()
     path = resolve_policy_path(name_or_path)
     tokenizer = load_tokenizer(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or default_dtype()).to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or default_dtype(device)).to(device)
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 

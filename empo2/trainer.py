@@ -46,7 +46,7 @@ from empo2.distributed import Processes, group_seed
 from empo2.envs import env_from_config
 from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, PLAIN, Episode, Mode
 from empo2.memory import TipMemory
-from empo2.models import Embedder, load_policy, load_trained_weights
+from empo2.models import Embedder, default_dtype, load_policy, load_trained_weights
 from empo2.novelty import GroupNovelty, NoveltyStore, replay
 from empo2.rollout import Roller, RolloutTimer, draw_modes
 from empo2.runs import FINAL_WEIGHTS, RunError, RunFolder, episode_row, provenance, read_rows
@@ -112,13 +112,15 @@ class Trainer:
         self.test_variations = list(self.envs[0].test_variations)[: cfg.eval_variations or cfg.n_test_variations]
         self.roller = Roller.from_config(cfg, self.model, self.tokenizer, embedder=self.embedder, memory=self.memory,
                                          novelty=self.novelty, sampling_rng=self.sampling_rng)
-        self.folder.start({"config": cfg.to_dict(), **provenance()}, fresh=checkpoint is None)
+        # The weights' dtype follows the machine (models.default_dtype), not the config: saved beside it.
+        self.folder.start({"config": cfg.to_dict(), **provenance(), "policy_dtype": str(self.model.dtype)},
+                          fresh=checkpoint is None)
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
 
     def precision(self):
-        """bf16 autocast for full fine-tuning (float32 master weights); LoRA runs need none."""
-        if self.full_finetune:
+        """bf16 autocast for full fine-tuning (float32 master weights) where bf16 is fast; LoRA runs need none."""
+        if self.full_finetune and default_dtype(self.processes.device) == torch.bfloat16:
             return torch.autocast(device_type=self.processes.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -27,6 +27,7 @@ from empo2.distributed import Processes
 from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs, tokens_processed
 from empo2.episode import Episode
 from empo2.loss import loss_metrics, policy_loss
+from empo2.models import default_dtype
 
 
 @dataclass
@@ -108,11 +109,11 @@ class PolicyUpdate:
         self.optimizer = self.processes.optimizer(self.trainable, lr=cfg.lr, shard=cfg.shard_optimizer)
         self.loss = HybridLoss(cfg)
         self.reference = None
-        """The KL term's reference policy when every weight trains: a frozen bf16 copy of the initial model, as
-        TRL's create_reference_model keeps (bf16 halves its memory; full fine-tuning runs in bf16 autocast).
+        """The KL term's reference policy when every weight trains: a frozen copy of the initial model in the device's
+        fast dtype (bf16 where it is fast, as TRL's create_reference_model keeps: it halves the copy's memory).
         LoRA runs need no copy: the base model with the adapter switched off is exactly the initial policy."""
         if cfg.kl_beta > 0 and not hasattr(model, "disable_adapter"):
-            self.reference = copy.deepcopy(model).requires_grad_(False).eval().to(torch.bfloat16)
+            self.reference = copy.deepcopy(model).requires_grad_(False).eval().to(default_dtype(self.device))
         self.reuse_old_logprobs = True
         """Take θ_old's log-probs from the first gradient pass where θ_old = θ and the contexts agree (before the
         iteration's first optimiser step; not off-policy) instead of a separate no-grad pass. Equal to float

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from empo2.models import DEFAULT_POLICY, resolve_policy_path
+from empo2.models import DEFAULT_POLICY, default_dtype, resolve_policy_path
 
 
 def test_policy_loads_offline_and_chats(policy_and_tokenizer):
     model, tokenizer = policy_and_tokenizer
-    assert model.dtype == torch.bfloat16
+    assert model.dtype == default_dtype()  # bfloat16 where the CPU has bf16 instructions, else float32
     assert sum(p.numel() for p in model.parameters()) > 100_000_000  # the real 135M model, not a stub
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
