@@ -227,54 +227,61 @@ def save_figure(figure, name: str, results_dir: str = "results") -> None:
     figure.savefig(path, dpi=150, bbox_inches="tight")
 
 
-def variant_runs(configs: dict[str, EMPO2Config], force: bool = False
-                 ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
-    """Train or reuse each labelled variant: its metrics, and `variant_table`'s row per variant."""
-    folders = {label: run(cfg, force=force) for label, cfg in configs.items()}
-    return {label: metrics(folder) for label, folder in folders.items()}, variant_table(folders)
+def variant_runs(configs: dict[str, list[EMPO2Config]], force: bool = False
+                 ) -> tuple[dict[str, list[Path]], pd.DataFrame]:
+    """Train or reuse each labelled variant's runs (one per seed): their folders, and `variant_table`."""
+    folders = {label: [run(cfg, force=force) for cfg in runs] for label, runs in configs.items()}
+    return folders, variant_table(folders)
 
 
-def variant_table(folders: dict[str, Path]) -> pd.DataFrame:
-    """One row per labelled run: final test score with its 95% interval (test episodes resampled), mean
-    training score, and the share of training episodes that ended at −100 in the first and the second half
-    of the iterations."""
-    from empo2.stats import bootstrap_interval
+def variant_table(folders: dict[str, list[Path]]) -> pd.DataFrame:
+    """One row per variant (its runs, one per seed): mean final test score with its 95% interval (seeds, then
+    test episodes resampled), mean training score, the share of training episodes that ended at −100 in the
+    first and the second half of the iterations, and how many training episodes each update mode played."""
+    from empo2.stats import seed_bootstrap_interval
 
-    frames = {label: metrics(folder) for label, folder in folders.items()}
     rows = []
-    for label, frame in frames.items():
-        scores = final_test_scores(folders[label])
-        low, high = bootstrap_interval(scores)
-        first_half, second_half = fatal_endings_by_half(folders[label])
-        rows.append({"variant": label, "final test score": scores.mean(), "95% low": low, "95% high": high,
-                     "test episodes": len(scores), "mean training score": frame["train/score"].mean(),
+    for label, runs in folders.items():
+        scores = [final_test_scores(f) for f in runs]
+        low, high = seed_bootstrap_interval(scores)
+        frames = [metrics(f) for f in runs]
+        first_half, second_half = (np.concatenate(half) for half in zip(*(fatal_endings_by_half(f) for f in runs)))
+        modes = {f"{mode} episodes": int(sum(frame[f"train/episodes/{mode}"].sum() for frame in frames))
+                 for mode in ("plain", "memory_on", "off_policy")}
+        rows.append({"variant": label, "final test score": float(np.mean([s.mean() for s in scores])),
+                     "95% low": low, "95% high": high, "seeds": len(runs),
+                     "test episodes": int(sum(len(s) for s in scores)),
+                     "mean training score": float(np.mean([frame["train/score"].mean() for frame in frames])),
                      "ended at −100, first half (%)": 100 * first_half.mean(),
                      "second half (%)": 100 * second_half.mean(),
-                     "iterations": int(frame["iteration"].max())})
+                     "iterations": int(max(frame["iteration"].max() for frame in frames))} | modes)
     return pd.DataFrame(rows).set_index("variant").round(1)
 
 
-def plot_variants(frames: dict[str, pd.DataFrame], title: str, name: str, results_dir: str = "results") -> None:
-    """Training score against iteration, and the tip-free test score with its 95% interval, one colour per
-    variant; saved as a figure. When each run was evaluated once (at its end), the test panel shows one point
-    per variant instead of lines."""
+def plot_variants(folders: dict[str, list[Path]], title: str, name: str, results_dir: str = "results") -> None:
+    """Training score against iteration, and the tip-free test score, each the mean over a variant's runs with
+    its 95% interval (runs, then episodes), one colour per variant; saved as a figure. When each run was
+    evaluated once (at its end), the test panel shows one point per variant instead of lines."""
     import matplotlib.pyplot as plt
 
+    from empo2.lessons import training_curve
+
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    once = all(len(frame.dropna(subset=["eval/score"])) <= 1 for frame in frames.values())
-    for i, (label, frame) in enumerate(frames.items()):
-        axes[0].plot(frame["iteration"], frame["train/score"], marker=".", label=label, color=f"C{i}")
-        evaluated = frame.dropna(subset=["eval/score"])
-        yerr = None
-        if {"eval/score_low", "eval/score_high"} <= set(evaluated.columns):
-            yerr = [evaluated["eval/score"] - evaluated["eval/score_low"],
-                    evaluated["eval/score_high"] - evaluated["eval/score"]]
-        x = [i] * len(evaluated) if once else evaluated["iteration"]
-        axes[1].errorbar(x, evaluated["eval/score"], yerr=yerr, marker="o", capsize=3, label=label, color=f"C{i}")
+    tested = {label: training_curve(runs, phase="eval") for label, runs in folders.items()}
+    once = all(len(curve) <= 1 for curve in tested.values())
+    for i, (label, runs) in enumerate(folders.items()):
+        trained = training_curve(runs)
+        axes[0].plot(trained.index, trained["score"], marker=".", label=label, color=f"C{i}")
+        if len(runs) > 1:
+            axes[0].fill_between(trained.index, trained["95% low"], trained["95% high"], color=f"C{i}", alpha=0.15)
+        curve = tested[label]
+        yerr = [curve["score"] - curve["95% low"], curve["95% high"] - curve["score"]]
+        x = [i] * len(curve) if once else curve.index
+        axes[1].errorbar(x, curve["score"], yerr=yerr, marker="o", capsize=3, label=label, color=f"C{i}")
     axes[0].set(xlabel="iteration", ylabel="training episode score")
     axes[0].legend(fontsize=7)
     if once:
-        axes[1].set_xticks(range(len(frames)), list(frames), rotation=30)
+        axes[1].set_xticks(range(len(folders)), list(folders), rotation=30)
         axes[1].set(xlabel="variant (evaluated at the end of training)", ylabel="test score, 95% interval (no memory)")
     else:
         axes[1].set(xlabel="iteration", ylabel="test score, 95% interval (no memory)")

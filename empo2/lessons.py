@@ -485,9 +485,9 @@ def test_scores_by_variation(folders_by_label: dict[str, list[Path]]) -> pd.Data
 TIP_STUDY_TASKS = {"power-component": "training variations", "test-conductivity": "out of distribution"}
 """Where memory-only adaptation is measured: the main task's training variations and notebook 05's new task."""
 TIP_STUDY_BUDGET = {"ci": dict(seeds=(0,), trials=3, episodes_per_trial=2),
-                    # One variation (seed 0) per task: a trial of 4 fifteen-step episodes takes about a minute
-                    # here, so three seeds of the four conditions would take about two hours.
-                    "laptop": dict(seeds=(0,), trials=10, episodes_per_trial=4),
+                    # Three variations (seeds) per task: a trial of 4 fifteen-step episodes takes about a minute
+                    # here, so the four conditions take about two hours.
+                    "laptop": dict(seeds=(0, 1, 2), trials=10, episodes_per_trial=4),
                     "paper": dict(seeds=(0, 1, 2), trials=10, episodes_per_trial=8)}
 """`tip_trials`' budget per profile: the paper's 10 trials where a laptop affords them."""
 

@@ -118,7 +118,7 @@ def claims(results_dir: str | Path = "results", profile: str = "laptop", noteboo
     retested = suite.training_temperature(profile, results_dir)
     at_one = lambda source: [c for c in retested if suite.policy_tested(c) == source]  # noqa: E731
     ablation = suite.mode_ablation(profile, results_dir)
-    full = [ablation["EMPO2 (full)"]]
+    full = ablation["EMPO2 (full)"]
     sweep = suite.pq_sweep(profile, results_dir)
     intrinsic = suite.intrinsic_sweep(profile, results_dir)
     shop = suite.webshop_runs(profile, results_dir)
@@ -146,15 +146,15 @@ def claims(results_dir: str | Path = "results", profile: str = "laptop", noteboo
                                          f"{pc['EMPO2']} vs {pc['Reflexion']} (Reflexion)", of("empo2"),
                                          of("memory_only"), "EMPO² − memory-only")),
         ("06", lambda: _difference_claim("Off-policy updates help", "06, App. F", "full > without (no number)", full,
-                                         [ablation["without off-policy"]], "full − (q = 0)")),
+                                         ablation["without off-policy"], "full − (q = 0)")),
         ("06", lambda: _difference_claim("On-policy-with-memory updates help", "06, App. F",
                                          "full > without (no number)", full,
-                                         [ablation["without on-policy with memory"]], "full − (q = 1)")),
+                                         ablation["without on-policy with memory"], "full − (q = 1)")),
         ("07", lambda: _difference_claim("p = 0.1 learns like GRPO, below p = 0.25", "07, App. F.1",
-                                         "p = 0.25 > p = 0.1 (curves)", [sweep["p=0.25"]], [sweep["p=0.1"]],
+                                         "p = 0.25 > p = 0.1 (curves)", sweep["p=0.25"], sweep["p=0.1"],
                                          "(p = 0.25) − (p = 0.1)")),
         ("08", lambda: _difference_claim("The novelty reward helps", "08, App. F.2", "1x > none (curves)",
-                                         [intrinsic["1.0x"]], [intrinsic["none"]], "1x − none")),
+                                         intrinsic["1.0x"], intrinsic["none"], "1x − none")),
         ("10", lambda: _difference_claim("EMPO² beats GRPO on WebShop", "10, Table 2",
                                          f"{paper.WEBSHOP_TABLE2['EMPO2'][0]} vs {paper.WEBSHOP_TABLE2['GRPO'][0]}",
                                          webshop("empo2"), webshop("grpo"), "EMPO² − GRPO")),

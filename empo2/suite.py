@@ -74,27 +74,30 @@ def _or_main_run(cfg: EMPO2Config, profile: str, results_dir: str) -> EMPO2Confi
     return main if dataclasses.replace(cfg, experiment=main.experiment, run_name=main.run_name) == main else cfg
 
 
-def mode_ablation(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:
-    """Full EMPO² vs without off-policy updates (q = 0) vs without on-policy-with-memory updates (q = 1)."""
+def mode_ablation(profile: str, results_dir: str = "results") -> dict[str, list[EMPO2Config]]:
+    """Full EMPO² vs without off-policy updates (q = 0) vs without on-policy-with-memory updates (q = 1): the
+    runs of each variant, one per seed."""
     variants = {"EMPO2 (full)": {}, "without off-policy": {"q": 0.0}, "without on-policy with memory": {"q": 1.0}}
-    return {label: _or_main_run(_cfg(profile, results_dir, "ablation-modes", task=MAIN_TASK, run_name=f"empo2-{name}",
-                                     **values), profile, results_dir)
+    return {label: [_or_main_run(_cfg(profile, results_dir, "ablation-modes", task=MAIN_TASK, run_name=f"empo2-{name}",
+                                      **values), profile, results_dir)]
             for (label, values), name in zip(variants.items(), ("full", "q0", "q1"))}
 
 
-def pq_sweep(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:
-    """p in (0.1, 0.25, 0.4, 0.7) at q = 2/3, and q in (0.3, 2/3, 0.85, 0.95) at p = 0.25."""
+def pq_sweep(profile: str, results_dir: str = "results") -> dict[str, list[EMPO2Config]]:
+    """p in (0.1, 0.25, 0.4, 0.7) at q = 2/3, and q in (0.3, 2/3, 0.85, 0.95) at p = 0.25: the runs of each
+    value, one per seed."""
     runs = {f"p={p}": _cfg(profile, results_dir, "sweep-pq", task=MAIN_TASK, p=p, run_name=f"empo2-p{p}")
             for p in (0.1, 0.25, 0.4, 0.7)}
     for q in (0.3, 2 / 3, 0.85, 0.95):
         runs[f"q={q:.2f}"] = _cfg(profile, results_dir, "sweep-pq", task=MAIN_TASK, q=q, run_name=f"empo2-q{q:.2f}")
-    return {label: _or_main_run(cfg, profile, results_dir) for label, cfg in runs.items()}
+    return {label: [_or_main_run(cfg, profile, results_dir)] for label, cfg in runs.items()}
 
 
-def intrinsic_sweep(profile: str, results_dir: str = "results") -> dict[str, EMPO2Config]:
-    """Intrinsic reward weight: none, 0.5x, 1x, 2x."""
-    return {f"{c}x" if c else "none": _or_main_run(_cfg(profile, results_dir, "intrinsic", task=MAIN_TASK,
-                                                        intrinsic_coef=c, run_name=f"empo2-int{c}"), profile, results_dir)
+def intrinsic_sweep(profile: str, results_dir: str = "results") -> dict[str, list[EMPO2Config]]:
+    """Intrinsic reward weight: none, 0.5x, 1x, 2x: the runs of each weight, one per seed."""
+    return {f"{c}x" if c else "none": [_or_main_run(_cfg(profile, results_dir, "intrinsic", task=MAIN_TASK,
+                                                         intrinsic_coef=c, run_name=f"empo2-int{c}"),
+                                                    profile, results_dir)]
             for c in (0.0, 0.5, 1.0, 2.0)}
 
 
@@ -132,9 +135,9 @@ GROUPS = {
 
 
 def group_configs(group: str, profile: str, results_dir: str = "results") -> list[EMPO2Config]:
-    """The runs of one of `GROUPS`, as a list (some groups label their runs in a dict)."""
+    """The runs of one of `GROUPS`, as a list (the variant groups label lists of runs in a dict)."""
     configs = GROUPS[group](profile, results_dir)
-    return list(configs.values()) if isinstance(configs, dict) else configs
+    return [cfg for runs in configs.values() for cfg in runs] if isinstance(configs, dict) else configs
 
 
 def unfinished(profile: str, results_dir: str = "results") -> list[str]:

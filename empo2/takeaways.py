@@ -209,36 +209,39 @@ def ood_adaptation(profile: str, results_dir: str = "results", target_task: str 
 
 
 # ---------------------------------------------------------------------------------- notebooks 06, 07, 08
-def variants(configs: dict[str, object], compared: list[tuple[str, str]]) -> str:
-    """Notebooks 06-08: each labelled variant's final test score, its fall of fatal training episodes, its
-    training episodes' modes and how those with tips fared, and the differences `compared` ((A, B) label pairs)."""
+def variants(configs: dict[str, list], compared: list[tuple[str, str]]) -> str:
+    """Notebooks 06-08: each labelled variant's final test score (its runs, one per seed), its fall of fatal
+    training episodes, its training episodes' modes and how those with tips fared, and the differences
+    `compared` ((A, B) label pairs)."""
     from empo2.lessons import memory_vs_plain
 
-    folders = _finished(configs.values())
-    if folders is None:
+    if _finished(c for runs in configs.values() for c in runs) is None:
         return _not_yet_run("These variants")
-    by_label = dict(zip(configs, folders))
+    by_label = {label: _finished(runs) for label, runs in configs.items()}
     table = experiments.variant_table(by_label)
-    lines = [f"- **Final test scores** ({_n(int(table['test episodes'].iloc[0]), 'test episode')} a run): " + "; ".join(
+    seeds = sorted(set(table["seeds"].astype(int)))
+    lines = [f"- **Final test scores** ({_n(int(table['test episodes'].iloc[0]), 'test episode')} a variant, "
+             f"{' or '.join(map(str, seeds))} seed{'s' if seeds != [1] else ''}): " + "; ".join(
         f"{label} {interval(*row[['final test score', '95% low', '95% high']])} "
-        f"({score_counts(experiments.final_test_scores(by_label[label]))})" for label, row in table.iterrows()) + "."]
-    lines.append("- **Differences**: " + "; ".join(difference([by_label[a]], [by_label[b]], f"({a}) − ({b})")
+        f"({score_counts(np.concatenate([experiments.final_test_scores(f) for f in by_label[label]]))})"
+        for label, row in table.iterrows()) + "."]
+    lines.append("- **Differences**: " + "; ".join(difference(by_label[a], by_label[b], f"({a}) − ({b})")
                                                    for a, b in compared) + ".")
     lines.append("- **Training episodes ending at −100**, first half of the iterations → second half: " + "; ".join(
         f"{label} {row['ended at −100, first half (%)']:.1f} % → {row['second half (%)']:.1f} %"
         for label, row in table.iterrows()) + "; mean training score " + ", ".join(
         f"{row['mean training score']:.1f}" for _, row in table.iterrows()) + " in the same order.")
-    modes = {label: experiments.metrics(f)[[f"train/episodes/{m}" for m in ("plain", "memory_on", "off_policy")]].sum()
-             for label, f in by_label.items()}
+    modes = table[[f"{m} episodes" for m in ("plain", "memory_on", "off_policy")]]
     lines.append("- **Modes of the training episodes** (plain / memory on-policy / off-policy): " + "; ".join(
-        f"{label} {' / '.join(str(int(n)) for n in counts)}" for label, counts in modes.items()) + ".")
-    guided = {label: memory_vs_plain([f]) for label, f in by_label.items() if modes[label].iloc[1:].sum()}
+        f"{label} {' / '.join(str(int(n)) for n in counts)}" for label, counts in modes.iterrows()) + ".")
+    guided = {label: memory_vs_plain(by_label[label]) for label, counts in modes.iterrows() if counts.iloc[1:].sum()}
     if guided:
         lines.append("- **Training rollouts with tips − plain ones of the same iteration**: " + "; ".join(
             f"{label} {interval(d['memory - plain'], d['95% low'], d['95% high'], signed=True)}"
             for label, d in guided.items() if d["paired iterations"]) + ".")
-    lines.append("- **Minutes a run**: " + ", ".join(f"{label} {experiments.run_minutes(f):.1f}"
-                                                   for label, f in by_label.items()) + ".")
+    lines.append("- **Minutes a run**: " + ", ".join(
+        f"{label} " + " / ".join(f"{experiments.run_minutes(f):.1f}" for f in runs) for label, runs in by_label.items())
+        + ".")
     return "\n".join(lines)
 
 
@@ -258,10 +261,10 @@ def intrinsic_sweep(profile: str, results_dir: str = "results") -> str:
     """Notebook 08: the novelty reward's weight, with the claim 1x above none, and the intrinsic return it paid."""
     configs = suite.intrinsic_sweep(profile, results_dir)
     text = variants(configs, [("1.0x", "none")])
-    folders = _finished(configs.values())
-    if folders is None:
+    if _finished(c for runs in configs.values() for c in runs) is None:
         return text
-    paid = {label: experiments.training_episodes(f)["intrinsic"].mean() for label, f in zip(configs, folders)}
+    paid = {label: pd.concat([experiments.training_episodes(f) for f in _finished(runs)])["intrinsic"].mean()
+            for label, runs in configs.items()}
     text += "\n- **Mean intrinsic return of a training episode**: " + ", ".join(
         f"{label} {value:.2f}" for label, value in paid.items()) + "."
     main = _finished(c for c in suite.main_comparison(profile, results_dir) if c.method == "empo2")

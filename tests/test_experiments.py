@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 from empo2 import experiments
 from empo2.config import EMPO2Config
 from empo2.lessons import training_curve
@@ -66,3 +68,18 @@ def test_tip_free_training_scores_leave_out_the_episodes_played_with_tips():
     curve = training_curve([coin / "empo2-coin-seed0"], resamples=100, window=50, tip_free=True)
     assert curve.loc[50, "score"] == first_half.mean() != training_curve([coin / "empo2-coin-seed0"], resamples=100,
                                                                            window=50).loc[50, "score"]
+
+
+def test_a_variant_of_several_seeds_pools_its_runs():
+    """variant_table: one row per variant, its score the mean of its runs' means, its counts their sums."""
+    runs = ROOT / "results" / "ci" / "power-component"
+    seeds = [runs / f"empo2-power-component-seed{s}" for s in (0, 1)]
+    table = experiments.variant_table({"two seeds": seeds, "seed 0": seeds[:1], "grpo": [runs / "grpo-power-component-seed0"]})
+    per_seed = [experiments.final_test_scores(f) for f in seeds]
+    assert list(table["seeds"]) == [2, 1, 1]
+    assert table.loc["two seeds", "test episodes"] == sum(len(s) for s in per_seed)
+    assert table.loc["two seeds", "final test score"] == round(float(np.mean([s.mean() for s in per_seed])), 1)
+    modes = ["plain episodes", "memory_on episodes", "off_policy episodes"]
+    trained = sum(len(experiments.training_episodes(f)) for f in seeds)
+    assert table.loc["two seeds", modes].sum() == trained > table.loc["seed 0", modes].sum()
+    assert table.loc["grpo", modes[1:]].sum() == 0

@@ -16,7 +16,7 @@ def test_every_laptop_run_takes_the_laptop_profile_as_it_is():
     assert {c.method for c in runs} == {"naive", "memory_only", "grpo", "empo2"}
     for cfg in runs:
         assert (cfg.iterations, cfg.repeat_tips, cfg.action_decoding) == (profile.iterations, False, "constrained")
-    assert suite.mode_ablation("laptop")["EMPO2 (full)"] == suite.main_run("laptop", "empo2")
+    assert suite.mode_ablation("laptop")["EMPO2 (full)"] == [suite.main_run("laptop", "empo2")]
     assert suite.main_run("laptop", "empo2").experiment == "power-component"
     for group in suite.GROUPS:
         for cfg in suite.group_configs(group, "laptop"):
