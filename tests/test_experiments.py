@@ -11,6 +11,7 @@ import numpy as np
 from empo2 import experiments
 from empo2.config import EMPO2Config
 from empo2.lessons import training_curve
+from empo2.models import default_dtype
 from empo2.notebooks import ROOT
 
 
@@ -52,8 +53,9 @@ def test_finished_runs_are_reused_and_force_retrains(tmp_path, capsys):
 
     other = dataclasses.replace(cfg, lr=2e-4)
     assert not experiments.is_finished(other)  # a changed config is not reused
-    saved = json.loads((folder / "config.json").read_text())["config"]
-    assert saved["lr"] == cfg.lr
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["config"]["lr"] == cfg.lr
+    assert saved["policy_dtype"] == str(default_dtype())  # the machine's choice, saved beside the config
 
 
 def test_tip_free_training_scores_leave_out_the_episodes_played_with_tips():
