@@ -48,6 +48,12 @@ def _finished(configs) -> list[Path] | None:
     return [c.run_dir for c in configs] if configs and all(experiments.is_finished(c) for c in configs) else None
 
 
+def _finished_variants(configs: dict[str, list]) -> dict[str, list[Path]] | None:
+    """Each variant's run folders, or None while any run of any variant is unfinished."""
+    folders = {label: _finished(runs) for label, runs in configs.items()}
+    return None if any(runs is None for runs in folders.values()) else folders
+
+
 def _n(count: int, word: str) -> str:
     """"1 seed", "3 seeds"."""
     return f"{count} {word}{'' if count == 1 else 's'}"
@@ -215,9 +221,9 @@ def variants(configs: dict[str, list], compared: list[tuple[str, str]]) -> str:
     `compared` ((A, B) label pairs)."""
     from empo2.lessons import memory_vs_plain
 
-    if _finished(c for runs in configs.values() for c in runs) is None:
+    by_label = _finished_variants(configs)
+    if by_label is None:
         return _not_yet_run("These variants")
-    by_label = {label: _finished(runs) for label, runs in configs.items()}
     table = experiments.variant_table(by_label)
     seeds = sorted(set(table["seeds"].astype(int)))
     lines = [f"- **Final test scores** ({_n(int(table['test episodes'].iloc[0]), 'test episode')} a variant, "
@@ -261,10 +267,11 @@ def intrinsic_sweep(profile: str, results_dir: str = "results") -> str:
     """Notebook 08: the novelty reward's weight, with the claim 1x above none, and the intrinsic return it paid."""
     configs = suite.intrinsic_sweep(profile, results_dir)
     text = variants(configs, [("1.0x", "none")])
-    if _finished(c for runs in configs.values() for c in runs) is None:
+    by_label = _finished_variants(configs)
+    if by_label is None:
         return text
-    paid = {label: pd.concat([experiments.training_episodes(f) for f in _finished(runs)])["intrinsic"].mean()
-            for label, runs in configs.items()}
+    paid = {label: pd.concat([experiments.training_episodes(f) for f in runs])["intrinsic"].mean()
+            for label, runs in by_label.items()}
     text += "\n- **Mean intrinsic return of a training episode**: " + ", ".join(
         f"{label} {value:.2f}" for label, value in paid.items()) + "."
     main = _finished(c for c in suite.main_comparison(profile, results_dir) if c.method == "empo2")

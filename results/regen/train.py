@@ -32,7 +32,8 @@ if __name__ == "__main__":
     known = named_configs()
     if sys.argv[1:] == ["list"]:
         print("\n".join(sorted(known)))
-    for name in sys.argv[1:] if sys.argv[1:] != ["list"] else []:
+        sys.exit()
+    for name in sys.argv[1:]:
         print(f"start {name}", flush=True)
         run(known[name], show_progress=False)
         print(f"finished {name}", flush=True)
