@@ -31,8 +31,7 @@ def seed_bootstrap_interval(per_seed: list, *, level: float = 0.95, resamples: i
     groups = [np.asarray(g, dtype=float) for g in per_seed if len(g)]
     if not groups:
         return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = np.array([_resampled_mean(groups, rng) for _ in range(resamples)])  # (resamples,)
+    (means,) = _two_level_means([groups], np.random.default_rng(seed), resamples)  # (resamples,)
     tail = (1 - level) / 2
     return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
 
@@ -45,14 +44,27 @@ def seed_bootstrap_difference(per_seed_a: list, per_seed_b: list, *, level: floa
     b = [np.asarray(g, dtype=float) for g in per_seed_b if len(g)]
     if not a or not b:
         return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    differences = np.array([_resampled_mean(a, rng) - _resampled_mean(b, rng) for _ in range(resamples)])  # (resamples,)
+    means_a, means_b = _two_level_means([a, b], np.random.default_rng(seed), resamples)  # (resamples,) each
+    differences = means_a - means_b  # (resamples,)
     tail = (1 - level) / 2
     observed = float(np.mean([g.mean() for g in a]) - np.mean([g.mean() for g in b]))
     return observed, float(np.quantile(differences, tail)), float(np.quantile(differences, 1 - tail))
 
 
-def _resampled_mean(groups: list[np.ndarray], rng: np.random.Generator) -> float:
-    """One two-level bootstrap draw: seeds resampled, then each chosen seed's episodes; the mean of their means."""
-    chosen = rng.integers(0, len(groups), size=len(groups))
-    return float(np.mean([groups[c][rng.integers(0, len(groups[c]), size=len(groups[c]))].mean() for c in chosen]))
+def _two_level_means(samples: list[list[np.ndarray]], rng: np.random.Generator, resamples: int) -> list[np.ndarray]:
+    """`resamples` two-level bootstrap means of each sample (a list of per-seed score arrays): seeds resampled,
+    then each chosen seed's episodes; the mean over the chosen seeds of their resampled means. One (resamples,)
+    array per sample, all rounds drawn at once."""
+    means = []
+    for groups in samples:
+        sizes = np.array([len(g) for g in groups])  # (seeds,)
+        padded = np.zeros((len(groups), sizes.max()))  # (seeds, most episodes): each seed's scores, then zeros
+        for c, group in enumerate(groups):
+            padded[c, : len(group)] = group
+        chosen = rng.integers(0, len(groups), size=(resamples, len(groups)))  # (rounds, seeds)
+        chosen_sizes = sizes[chosen][..., None]  # (rounds, seeds, 1)
+        episodes = (rng.random((*chosen.shape, sizes.max())) * chosen_sizes).astype(int)  # (rounds, seeds, most)
+        kept = np.arange(sizes.max()) < chosen_sizes  # (rounds, seeds, most): the first `size` draws of each seed
+        drawn = np.where(kept, padded[chosen[..., None], episodes], 0.0)  # (rounds, seeds, most)
+        means.append((drawn.sum(axis=-1) / chosen_sizes[..., 0]).mean(axis=-1))  # (rounds,)
+    return means
