@@ -59,7 +59,7 @@ def main() -> None:
     print(f"{args.seeds} seeds x {args.episodes} episodes per method, {args.resamples} rounds")
     print(f"all at once        {at_once:7.3f} s  {at_once_bytes / 2**20:6.1f} MiB at most   "
           f"interval [{low:+.2f}, {high:+.2f}]")
-    print(f"one round a time   {loop:7.3f} s  {loop_bytes / 2**20:6.1f} MiB at most   "
+    print(f"one round at a time{loop:7.3f} s  {loop_bytes / 2**20:6.1f} MiB at most   "
           f"interval [{loop_low:+.2f}, {loop_high:+.2f}]")
     print(f"one round at a time / all at once = {loop / at_once:.0f}x the time")
 

@@ -22,7 +22,6 @@ def test_bootstrap_intervals_cover_the_mean_and_shrink_with_more_data():
     assert low < 0 < high
 
 
-
 def _textbook_interval(samples, resamples=10_000):
     """The two-level bootstrap one round at a time (seeds drawn, then each chosen seed's episodes), of the
     first sample's mean minus the second's (or of the one sample's mean)."""
@@ -38,7 +37,7 @@ def _textbook_interval(samples, resamples=10_000):
 
 def test_the_bootstrap_drawn_at_once_matches_the_textbook_loop_up_to_monte_carlo_error():
     rng = np.random.default_rng(3)
-    a = [rng.normal(0, 50, n) for n in (40, 7, 120)]  # seeds of unequal lengths
+    a = [rng.normal(0, 50, n) for n in (40, 7, 120)]  # seeds of unequal lengths; drawn in 4 batches
     b = [rng.normal(10, 30, n) for n in (1, 60)]
     for ours, samples in [(seed_bootstrap_interval(a), [a]), (seed_bootstrap_difference(a, b)[1:], [a, b])]:
         expected = _textbook_interval(samples)
