@@ -59,24 +59,26 @@ def _two_level_means(samples: list[list[np.ndarray]], rng: np.random.Generator, 
     """`resamples` two-level bootstrap means of each sample (a list of per-seed score arrays): seeds resampled,
     then each chosen seed's episodes; the mean over the chosen seeds of their resampled means. One (resamples,)
     array per sample, the rounds drawn in batches (each sample's in turn) of at most DRAWS_AT_ONCE episodes."""
-    largest = max(len(groups) * max(len(g) for g in groups) for groups in samples)
-    batch = max(1, DRAWS_AT_ONCE // largest)
+    sizes = [np.array([len(g) for g in groups]) for groups in samples]  # per sample: (seeds,)
+    padded = [np.zeros((len(groups), n.max())) for groups, n in zip(samples, sizes)]  # (seeds, most episodes)
+    for groups, scores in zip(samples, padded):
+        for c, group in enumerate(groups):
+            scores[c, : len(group)] = group  # each seed's scores, then zeros
+    batch = max(1, DRAWS_AT_ONCE // max(scores.size for scores in padded))
     means = [[] for _ in samples]
     for start in range(0, resamples, batch):
-        for s, groups in enumerate(samples):
-            means[s].append(_batch_of_means(groups, rng, min(batch, resamples - start)))
+        for s in range(len(samples)):
+            means[s].append(_batch_of_means(padded[s], sizes[s], rng, min(batch, resamples - start)))
     return [np.concatenate(m) for m in means]
 
 
-def _batch_of_means(groups: list[np.ndarray], rng: np.random.Generator, rounds: int) -> np.ndarray:
-    """`rounds` two-level bootstrap means of one sample, drawn at once: (rounds,)."""
-    sizes = np.array([len(g) for g in groups])  # (seeds,)
-    padded = np.zeros((len(groups), sizes.max()))  # (seeds, most episodes): each seed's scores, then zeros
-    for c, group in enumerate(groups):
-        padded[c, : len(group)] = group
-    chosen = rng.integers(0, len(groups), size=(rounds, len(groups)))  # (rounds, seeds)
+def _batch_of_means(padded: np.ndarray, sizes: np.ndarray, rng: np.random.Generator, rounds: int) -> np.ndarray:
+    """`rounds` two-level bootstrap means of one sample, drawn at once: (rounds,). `padded` (seeds, most episodes)
+    holds each seed's scores, then zeros; `sizes` (seeds,) how many are scores."""
+    seeds, most = padded.shape
+    chosen = rng.integers(0, seeds, size=(rounds, seeds))  # (rounds, seeds)
     chosen_sizes = sizes[chosen][..., None]  # (rounds, seeds, 1)
-    episodes = (rng.random((*chosen.shape, sizes.max())) * chosen_sizes).astype(int)  # (rounds, seeds, most)
-    kept = np.arange(sizes.max()) < chosen_sizes  # (rounds, seeds, most): the first `size` draws of each seed
+    episodes = (rng.random((rounds, seeds, most)) * chosen_sizes).astype(int)  # (rounds, seeds, most)
+    kept = np.arange(most) < chosen_sizes  # (rounds, seeds, most): the first `size` draws of each seed
     drawn = np.where(kept, padded[chosen[..., None], episodes], 0.0)  # (rounds, seeds, most)
     return (drawn.sum(axis=-1) / chosen_sizes[..., 0]).mean(axis=-1)  # (rounds,)
