@@ -484,29 +484,33 @@ def test_scores_by_variation(folders_by_label: dict[str, list[Path]]) -> pd.Data
 # ----------------------------------------------------------------------------- what tips carry
 TIP_STUDY_TASKS = {"power-component": "training variations", "test-conductivity": "out of distribution"}
 """Where memory-only adaptation is measured: the main task's training variations and notebook 05's new task."""
+TIP_STUDY_CONDITIONS = {"free": dict(tip_decoding="free"),
+                        "constrained": dict(tip_decoding="constrained"),
+                        "by_score": dict(tip_decoding="constrained", tip_template="by_score")}
+"""The tips compared by `tip_trials`, by name: the config fields each sets (the rest are the profile's)."""
 TIP_STUDY_BUDGET = {"ci": dict(seeds=(0,), trials=3, episodes_per_trial=2),
-                    # Three variations (seeds) per task: a trial of 4 fifteen-step episodes takes about a minute
-                    # here, so the four conditions take about two hours.
-                    "laptop": dict(seeds=(0, 1, 2), trials=10, episodes_per_trial=4),
+                    # Six variations (seeds) per task: a study (one task, tips and seed) takes 6-14 minutes on
+                    # two AVX2 cores, so the 36 take about six hours of one lane.
+                    "laptop": dict(seeds=(0, 1, 2, 3, 4, 5), trials=10, episodes_per_trial=4),
                     "paper": dict(seeds=(0, 1, 2), trials=10, episodes_per_trial=8)}
 """`tip_trials`' budget per profile: the paper's 10 trials where a laptop affords them."""
 
 
 def tip_trials(profile: str, results_dir: str = "results", *, force: bool = False, seeds: tuple[int, ...] = (0, 1, 2),
                trials: int = 10, episodes_per_trial: int = 4, saved_only: bool = False) -> pd.DataFrame | None:
-    """Memory-only adaptation with free and with constrained tips: the untrained policy (frozen), `trials`
+    """Memory-only adaptation with each of `TIP_STUDY_CONDITIONS`' tips: the untrained policy (frozen), `trials`
     trials of `episodes_per_trial` episodes on one variation, its tips stored after each trial. One row per
-    episode, with task, tip decoding and seed (seed k plays the task's k-th training variation of
-    power-component, or the k-th test variation of the new task). Each (task, tips, seed) is cached;
+    episode, with task, tips (the condition's name) and seed (seed k plays the task's k-th training variation
+    of power-component, or the k-th test variation of the new task). Each (task, tips, seed) is cached;
     `saved_only` reads the caches and returns None when one is missing instead of computing it."""
     from empo2.adaptation import adapt
 
     frames = []
     for task, where in TIP_STUDY_TASKS.items():
-        for tips in ("free", "constrained"):
+        for tips, fields in TIP_STUDY_CONDITIONS.items():
             for seed in seeds:
-                cfg = EMPO2Config.from_profile(profile, task=task, seed=seed, tip_decoding=tips,
-                                               results_dir=results_dir, experiment="tips")
+                cfg = EMPO2Config.from_profile(profile, task=task, seed=seed, results_dir=results_dir,
+                                               experiment="tips", **fields)
                 split = "train" if where == "training variations" else "test"
                 settings = {"trials": trials, "episodes_per_trial": episodes_per_trial, "split": split, "index": seed}
 

@@ -387,8 +387,8 @@ def exploration(profile: str, results_dir: str = "results", task: str = suite.MA
 
 
 def tips(profile: str, results_dir: str = "results", task: str = suite.MAIN_TASK, seed: int = 0, episodes: int = 2) -> str:
-    """Notebook 02: one memory, the tips written in training, memory-only adaptation with free and constrained
-    tips, and tips inside EMPO² training."""
+    """Notebook 02: one memory, the tips written in training, memory-only adaptation with each kind of tips
+    (`lessons.TIP_STUDY_CONDITIONS`), and tips inside EMPO² training."""
     from empo2.lessons import TIP_STUDY_BUDGET, memory_vs_plain, tip_trials, trial_gain
 
     lines = []
