@@ -489,9 +489,9 @@ TIP_STUDY_CONDITIONS = {"free": dict(tip_decoding="free"),
                         "by_score": dict(tip_decoding="constrained", tip_template="by_score")}
 """The tips compared by `tip_trials`, by name: the config fields each sets (the rest are the profile's)."""
 TIP_STUDY_BUDGET = {"ci": dict(seeds=(0,), trials=3, episodes_per_trial=2),
-                    # Six variations (seeds) per task: a study (one task, tips and seed) takes 6-14 minutes on
-                    # two AVX2 cores, so the 36 take about six hours of one lane.
-                    "laptop": dict(seeds=(0, 1, 2, 3, 4, 5), trials=10, episodes_per_trial=4),
+                    # Every variation of the profile's split (seeds 0-4): a study (one task, tips and seed)
+                    # takes 6-14 minutes on two AVX2 cores, so the 30 take about five hours of one lane.
+                    "laptop": dict(seeds=(0, 1, 2, 3, 4), trials=10, episodes_per_trial=4),
                     "paper": dict(seeds=(0, 1, 2), trials=10, episodes_per_trial=8)}
 """`tip_trials`' budget per profile: the paper's 10 trials where a laptop affords them."""
 
