@@ -569,9 +569,10 @@ def trial_label(first: int, last: int) -> str:
 
 
 def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per task and tip decoding: mean score of the last three trials minus the first three (the last and
-    the first of fewer than six), with its two-level 95% interval (seeds, then episodes), the share of tips
-    that name their episode's actions or objects, and the share of tips cut by the budget."""
+    """Per task and tips: mean score of the last three trials minus the first three (the last and the first
+    of fewer than six), with its two-level 95% interval (seeds, then episodes), the share of episodes with
+    a fatal ending (-100) early and late, the share of tips that name their episode's actions or objects,
+    and the share of tips cut by the budget."""
     from empo2.adaptation import names_its_episode
     from empo2.stats import seed_bootstrap_difference
 
@@ -581,6 +582,7 @@ def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
     for (task, tips), chosen in rows.groupby(["task", "tips"], sort=False):
         per_seed = [g for _, g in chosen.groupby("seed")]
         pick = lambda g, span: g[g["trial"].between(*span)]["score"].to_numpy(float)  # noqa: E731
+        fatal = lambda span: float(failed(chosen[chosen["trial"].between(*span)]["score"]).mean())  # noqa: E731
         difference, low, high = seed_bootstrap_difference([pick(g, late) for g in per_seed],
                                                           [pick(g, early) for g in per_seed])
         named = [names_its_episode(t, a) for t, a in zip(chosen["tip"], chosen["actions"])]
@@ -588,6 +590,7 @@ def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
                       trial_label(*early): float(np.mean([pick(g, early).mean() for g in per_seed])),
                       trial_label(*late): float(np.mean([pick(g, late).mean() for g in per_seed])),
                       "late - early": difference, "95% low": low, "95% high": high,
+                      f"fatal, {trial_label(*early)}": fatal(early), f"fatal, {trial_label(*late)}": fatal(late),
                       "tips naming their episode": float(np.mean(named)),
                       "tips cut": float(chosen["tip_cut"].mean()) if "tip_cut" in chosen else float("nan")})
     return pd.DataFrame(table).set_index(["task", "tips"])

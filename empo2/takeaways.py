@@ -420,7 +420,9 @@ def tips(profile: str, results_dir: str = "results", task: str = suite.MAIN_TASK
                          f"{int(r['episodes'])} episodes): {early} {r[early]:.1f}, "
                          f"{late} {r[late]:.1f}, late − early "
                          f"{interval(r['late - early'], r['95% low'], r['95% high'], signed=True)} "
-                         f"({verdict(r['95% low'], r['95% high'])}); {100 * r['tips naming their episode']:.0f} % of "
+                         f"({verdict(r['95% low'], r['95% high'])}); fatal endings (−100) "
+                         f"{100 * r[f'fatal, {early}']:.0f} % → {100 * r[f'fatal, {late}']:.0f} %; "
+                         f"{100 * r['tips naming their episode']:.0f} % of "
                          f"the tips name an action or object of their episode, {100 * r['tips cut']:.0f} % are cut.")
     inside = {"EMPO² runs of notebook 04": suite.main_comparison(profile, results_dir),
               "constrained-tips run": suite.constrained_tips(profile, results_dir)}

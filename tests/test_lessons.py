@@ -194,3 +194,19 @@ def test_webshop_takeaways_state_what_the_runs_hold(tmp_path):
     assert "EMPO² skipped its update** in 0 of 2 iterations" in text
     assert "**EMPO² − GRPO**: -25.0 [" in text
     assert "scores 75.0 with 50 % success on 2 test goals" in text
+
+
+def test_trial_gain_reads_late_minus_early_and_the_fatal_endings_per_kind_of_tips():
+    # Two seeds, 6 trials of 2 episodes: "by_score" goes from one -100 in each early trial to +10 late.
+    rows = [{"task": "t", "tips": tips, "seed": seed, "trial": trial, "score": score, "tip": "Avoid: look.",
+             "actions": ["look"], "tip_cut": False}
+            for tips in ("free", "by_score") for seed in (0, 1) for trial in range(1, 7)
+            for score in ((0.0, 0.0) if tips == "free" else (-100.0, 0.0) if trial <= 3 else (10.0, 10.0))]
+    gain = lessons.trial_gain(pd.DataFrame(rows))
+    assert list(gain.index) == [("t", "free"), ("t", "by_score")]
+    free, by_score = gain.loc[("t", "free")], gain.loc[("t", "by_score")]
+    assert free["late - early"] == 0 and free["fatal, trials 1-3"] == 0 == free["fatal, trials 4-6"]
+    assert by_score["trials 1-3"] == -50 and by_score["trials 4-6"] == 10 and by_score["late - early"] == 60
+    assert by_score["fatal, trials 1-3"] == 0.5 and by_score["fatal, trials 4-6"] == 0
+    assert free["95% low"] == free["95% high"] == 0 and 0 < by_score["95% low"] < 60 < by_score["95% high"]
+    assert by_score["tips naming their episode"] == 1 and by_score["tips cut"] == 0
