@@ -582,7 +582,7 @@ def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
     for (task, tips), chosen in rows.groupby(["task", "tips"], sort=False):
         per_seed = [g for _, g in chosen.groupby("seed")]
         pick = lambda g, span: g[g["trial"].between(*span)]["score"].to_numpy(float)  # noqa: E731
-        fatal = lambda span: float(failed(chosen[chosen["trial"].between(*span)]["score"]).mean())  # noqa: E731
+        fatal = lambda span: float(failed(pick(chosen, span)).mean())  # noqa: E731
         difference, low, high = seed_bootstrap_difference([pick(g, late) for g in per_seed],
                                                           [pick(g, early) for g in per_seed])
         named = [names_its_episode(t, a) for t, a in zip(chosen["tip"], chosen["actions"])]
