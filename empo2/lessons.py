@@ -38,10 +38,11 @@ def cached(path: str | Path, cfg: EMPO2Config, compute, force: bool = False, set
     saved with them.
 
     The file holds {"config": cfg.to_dict(), "settings": settings, "git_commit": ..., "git_dirty": ...,
-    "value": value}; `settings` are the notebook's own knobs that are not config fields (e.g. how
+    "packages": ..., "policy_dtype": ..., "value": value}; `settings` are the notebook's own knobs that are not config fields (e.g. how
     many episodes). A config that differs in any field but `results_dir`, or other settings,
     recompute and replace the file (a cache of a lesson's numbers, not a run's records).
     """
+    from empo2.models import default_dtype
     from empo2.runs import provenance, write_json_atomic
 
     path, settings = Path(path), json.loads(json.dumps(settings or {}))
@@ -57,7 +58,8 @@ def cached(path: str | Path, cfg: EMPO2Config, compute, force: bool = False, set
     made = provenance()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"config": cfg.to_dict(), "settings": settings, "git_commit": made["git_commit"],
-                             "git_dirty": made["git_dirty"], "value": value}, indent=1)
+                             "git_dirty": made["git_dirty"], "packages": made["packages"],
+                             "policy_dtype": str(default_dtype(cfg.device)), "value": value}, indent=1)
     return value
 
 

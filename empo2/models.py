@@ -113,10 +113,20 @@ def _quiet_transformers() -> None:
     warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated.*")
 
 
+DTYPE_VARIABLE = "EMPO2_DTYPE"
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
 def default_dtype(device: str | torch.device = "cpu") -> torch.dtype:
     """bfloat16 on GPUs and on CPUs with bfloat16 instructions (AMX or AVX512-bf16), where it is about 3x faster
     than float32; float32 on other CPUs (most laptops), where bfloat16 matrix products are emulated and many times
-    slower (`python benchmarks/cpu_dtype.py` prints the ratio on this machine)."""
+    slower (`python benchmarks/cpu_dtype.py` prints the ratio on this machine). The environment variable
+    EMPO2_DTYPE (bfloat16 or float32) overrides the choice, e.g. to sample as committed float32 results did."""
+    chosen = os.environ.get(DTYPE_VARIABLE)
+    if chosen:
+        if chosen not in DTYPES:
+            raise ValueError(f"{DTYPE_VARIABLE}: {chosen!r} is not allowed; allowed: {', '.join(DTYPES)}")
+        return DTYPES[chosen]
     if torch.device(device).type != "cpu":
         return torch.bfloat16
     probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch.cpu's own checks of the CPU's flags

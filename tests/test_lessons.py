@@ -8,6 +8,7 @@ import pytest
 
 from empo2 import experiments, lessons, takeaways
 from empo2.config import EMPO2Config
+from empo2.models import default_dtype
 
 
 def _cfg(tmp_path, **overrides):
@@ -31,6 +32,7 @@ def test_cached_reuses_only_what_the_same_config_computed(tmp_path, capsys):
     assert lessons.cached(path, cfg, compute, force=True) == {"value": 3}
     saved = json.loads(path.read_text())
     assert saved["config"]["max_steps"] == 3 and "git_commit" in saved and "git_dirty" in saved
+    assert saved["policy_dtype"] == str(default_dtype()) and "torch" in saved["packages"]
     assert lessons.cached(path, cfg, compute) == {"value": 3} and "by commit " in capsys.readouterr().out
     assert lessons.cached(path, cfg, compute, settings={"episodes": 2}) == {"value": 4}
     assert lessons.cached(path, cfg, compute, settings={"episodes": 2}) == {"value": 4}

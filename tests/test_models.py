@@ -19,6 +19,16 @@ def test_policy_loads_offline_and_chats(policy_and_tokenizer):
     assert "paris" in reply.lower()
 
 
+def test_the_dtype_variable_overrides_the_machines_choice_and_refuses_other_values(monkeypatch):
+    monkeypatch.setenv("EMPO2_DTYPE", "float32")
+    assert default_dtype() == torch.float32 and default_dtype("cuda") == torch.float32
+    monkeypatch.setenv("EMPO2_DTYPE", "bfloat16")
+    assert default_dtype() == torch.bfloat16
+    monkeypatch.setenv("EMPO2_DTYPE", "fp16")
+    with pytest.raises(ValueError, match="EMPO2_DTYPE: 'fp16' is not allowed; allowed: bfloat16, float32"):
+        default_dtype()
+
+
 def test_embedder_shape_and_unit_norm(embedder):
     vectors = embedder.encode(["You are in the kitchen.", "A red light bulb is on the table.", "kitchen"])
     assert vectors.shape == (3, 384) and vectors.dtype == np.float32
