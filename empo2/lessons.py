@@ -491,26 +491,31 @@ TIP_STUDY_CONDITIONS = {"free": dict(tip_decoding="free"),
                         "by_score": dict(tip_decoding="constrained", tip_template="by_score")}
 """The tips compared by `tip_trials`, by name: the config fields each sets (the rest are the profile's)."""
 TIP_STUDY_BUDGET = {"ci": dict(seeds=(0,), trials=3, episodes_per_trial=2),
-                    # Every variation of the profile's split (seeds 0-4): a study (one task, tips and seed)
-                    # takes 6-14 minutes on two AVX2 cores, so the 30 take about five hours of one lane.
-                    "laptop": dict(seeds=(0, 1, 2, 3, 4), trials=10, episodes_per_trial=4),
+                    # Every variation of the profile's split (seeds 0-4), and on power-component, the main
+                    # measurement, every training variation twice (seeds 5-9 replay variations 0-4 with other
+                    # draws). A study (one task, tips and seed) takes 6-14 minutes on one core, so the 45 take
+                    # about seven hours of one lane.
+                    "laptop": dict(seeds={"power-component": tuple(range(10)), "test-conductivity": tuple(range(5))},
+                                   trials=10, episodes_per_trial=4),
                     "paper": dict(seeds=(0, 1, 2), trials=10, episodes_per_trial=8)}
 """`tip_trials`' budget per profile: the paper's 10 trials where a laptop affords them."""
 
 
-def tip_trials(profile: str, results_dir: str = "results", *, force: bool = False, seeds: tuple[int, ...] = (0, 1, 2),
-               trials: int = 10, episodes_per_trial: int = 4, saved_only: bool = False) -> pd.DataFrame | None:
+def tip_trials(profile: str, results_dir: str = "results", *, force: bool = False,
+               seeds: tuple[int, ...] | dict[str, tuple[int, ...]] = (0, 1, 2), trials: int = 10,
+               episodes_per_trial: int = 4, saved_only: bool = False) -> pd.DataFrame | None:
     """Memory-only adaptation with each of `TIP_STUDY_CONDITIONS`' tips: the untrained policy (frozen), `trials`
     trials of `episodes_per_trial` episodes on one variation, its tips stored after each trial. One row per
     episode, with task, tips (the condition's name) and seed (seed k plays the task's k-th training variation
-    of power-component, or the k-th test variation of the new task). Each (task, tips, seed) is cached;
-    `saved_only` reads the caches and returns None when one is missing instead of computing it."""
+    of power-component, or the k-th test variation of the new task, counting round the split). `seeds`: the
+    same for every task, or per task. Each (task, tips, seed) is cached; `saved_only` reads the caches and
+    returns None when one is missing instead of computing it."""
     from empo2.adaptation import adapt
 
     frames = []
     for task, where in TIP_STUDY_TASKS.items():
         for tips, fields in TIP_STUDY_CONDITIONS.items():
-            for seed in seeds:
+            for seed in seeds[task] if isinstance(seeds, dict) else seeds:
                 cfg = EMPO2Config.from_profile(profile, task=task, seed=seed, results_dir=results_dir,
                                                experiment="tips", **fields)
                 split = "train" if where == "training variations" else "test"

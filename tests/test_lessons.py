@@ -212,3 +212,21 @@ def test_trial_gain_reads_late_minus_early_and_the_fatal_endings_per_kind_of_tip
     assert by_score["fatal, trials 1-3"] == 0.5 and by_score["fatal, trials 4-6"] == 0
     assert free["95% low"] == free["95% high"] == 0 and 0 < by_score["95% low"] < 60 < by_score["95% high"]
     assert by_score["tips naming their episode"] == 1 and by_score["tips cut"] == 0
+
+
+def test_tip_trials_take_seeds_per_task_and_read_only_saved_studies(tmp_path):
+    seeds = {"power-component": (0, 1), "test-conductivity": (0,)}
+    settings = lambda task, seed: {"trials": 3, "episodes_per_trial": 2, "index": seed,  # noqa: E731
+                                   "split": "train" if task == "power-component" else "test"}
+    for task, task_seeds in seeds.items():
+        for tips, fields in lessons.TIP_STUDY_CONDITIONS.items():
+            for seed in task_seeds:
+                cfg = EMPO2Config.from_profile("ci", task=task, seed=seed, results_dir=str(tmp_path),
+                                               experiment="tips", **fields)
+                path = tmp_path / "ci" / "tips" / f"trials-{task}-{tips}-seed{seed}.json"
+                lessons.cached(path, cfg, lambda: [{"trial": 1, "score": 0.0}], settings=settings(task, seed))
+    read = lessons.tip_trials("ci", str(tmp_path), seeds=seeds, trials=3, episodes_per_trial=2, saved_only=True)
+    assert read.groupby("task")["seed"].unique().map(tuple).to_dict() == seeds
+    assert len(read) == 3 * len(lessons.TIP_STUDY_CONDITIONS)
+    more = {**seeds, "test-conductivity": (0, 1)}  # a study not saved: nothing is computed
+    assert lessons.tip_trials("ci", str(tmp_path), seeds=more, trials=3, episodes_per_trial=2, saved_only=True) is None
