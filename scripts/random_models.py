@@ -22,13 +22,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sources", nargs="+", type=Path, help="folders with config.json and tokenizer files")
     parser.add_argument("--out", type=Path, required=True, help="where the random copies are written")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="of the saved weights")
+    parser.add_argument("--device", default="cpu", help="where they are drawn (cuda: a 7B model in seconds)")
     args = parser.parse_args()
+    torch.set_default_dtype(getattr(torch, args.dtype))
     for source in args.sources:
         config = AutoConfig.from_pretrained(source)
         causal = any(name.endswith("ForCausalLM") for name in config.architectures or [])
         torch.manual_seed(0)
-        model = (AutoModelForCausalLM if causal else AutoModel).from_config(config)
+        with torch.device(args.device):
+            model = (AutoModelForCausalLM if causal else AutoModel).from_config(config)
         target = args.out / source.name
+        if target.resolve() == source.resolve():
+            parser.error(f"--out: {args.out} would overwrite the source {source}; choose another folder")
         shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
         model.save_pretrained(target)
         print(f"{target}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, random (seed 0)")
