@@ -38,9 +38,9 @@ def cached(path: str | Path, cfg: EMPO2Config, compute, force: bool = False, set
     saved with them.
 
     The file holds {"config": cfg.to_dict(), "settings": settings, "git_commit": ..., "git_dirty": ...,
-    "packages": ..., "policy_dtype": ..., "value": value}; `settings` are the notebook's own knobs that are not config fields (e.g. how
-    many episodes). A config that differs in any field but `results_dir`, or other settings,
-    recompute and replace the file (a cache of a lesson's numbers, not a run's records).
+    "packages": ..., "policy_dtype": ..., "value": value}; `settings` are the notebook's own knobs that
+    are not config fields (e.g. how many episodes). A config that differs in any field but `results_dir`,
+    or other settings, recompute and replace the file (a cache of a lesson's numbers, not a run's records).
     """
     from empo2.models import default_dtype
     from empo2.runs import provenance, write_json_atomic
