@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     from empo2.experiments import is_finished
-    from empo2.models import resolve_policy_path
+    from empo2.models import default_dtype, resolve_policy_path
     from empo2.runs import DONE_FILE, RunError
     from empo2.trainer import Trainer, evaluate_run
 
@@ -168,6 +168,10 @@ def main(argv: list[str] | None = None) -> None:
         resolve_policy_path(cfg.model)
     except FileNotFoundError as error:
         raise SystemExit(f"error: model: {error}") from None
+    try:
+        default_dtype(cfg.device)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     try:
         if args.command == "eval":
             metrics, folder = evaluate_run(cfg, show_progress=not args.quiet)
