@@ -27,14 +27,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_default_dtype(getattr(torch, args.dtype))
     for source in args.sources:
+        target = args.out / source.name
+        if target.resolve() == source.resolve():  # before drawing the weights (a 7B model takes a while)
+            parser.error(f"--out: {args.out} would overwrite the source {source}; choose another folder")
         config = AutoConfig.from_pretrained(source)
         causal = any(name.endswith("ForCausalLM") for name in config.architectures or [])
         torch.manual_seed(0)
         with torch.device(args.device):
             model = (AutoModelForCausalLM if causal else AutoModel).from_config(config)
-        target = args.out / source.name
-        if target.resolve() == source.resolve():
-            parser.error(f"--out: {args.out} would overwrite the source {source}; choose another folder")
         shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
         model.save_pretrained(target)
         print(f"{target}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, random (seed 0)")
