@@ -115,13 +115,12 @@ def test_every_field_has_help():
 def test_command_line_errors_are_one_line_before_anything_starts():
     """Bad --set values, tasks, model paths and EMPO2_DTYPE end in one line naming the field (no model load,
     no JVM)."""
-    for arguments, message in ((["--set", "lr=abc"], "error: lr: 'abc' is not allowed; need a number"),
-                               (["--task", "power-components"], "error: task: 'power-components' is not a"),
-                               (["--set", "model=no-such-org/no-such-model"], "error: model: policy model"),
-                               (["--set", "reuse_cache=maybe"], "error: reuse_cache: 'maybe' is not allowed"),
-                               (["EMPO2_DTYPE=fp16"], "error: EMPO2_DTYPE: 'fp16' is not allowed; allowed:")):
-        variables = dict(word.split("=") for word in arguments if word.startswith("EMPO2_"))
-        arguments = [word for word in arguments if not word.startswith("EMPO2_")]
+    for arguments, variables, message in (
+            (["--set", "lr=abc"], {}, "error: lr: 'abc' is not allowed; need a number"),
+            (["--task", "power-components"], {}, "error: task: 'power-components' is not a"),
+            (["--set", "model=no-such-org/no-such-model"], {}, "error: model: policy model"),
+            (["--set", "reuse_cache=maybe"], {}, "error: reuse_cache: 'maybe' is not allowed"),
+            ([], {"EMPO2_DTYPE": "fp16"}, "error: EMPO2_DTYPE: 'fp16' is not allowed; allowed:")):
         done = subprocess.run([sys.executable, "-m", "empo2", "train", "--profile", "ci", *arguments],
                               capture_output=True, text=True, timeout=120,
                               env={**os.environ, "HF_HUB_OFFLINE": "1", **variables})
