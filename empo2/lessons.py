@@ -29,7 +29,7 @@ import pandas as pd
 from empo2.config import EMPO2Config
 from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, failed
 from empo2.experiments import episodes as read_episodes
-from empo2.experiments import progress_enabled, tip_free as tip_free_rows
+from empo2.experiments import progress_enabled, training_episodes, tip_free as tip_free_rows
 
 
 # ----------------------------------------------------------------------------- saved results
@@ -347,13 +347,44 @@ def skipped_updates(frame: pd.DataFrame) -> pd.Series:
     return frame["update/skipped"].fillna(0.0) if "update/skipped" in frame else pd.Series(0.0, frame.index)
 
 
-def coin_in_first_room(cfg: EMPO2Config) -> pd.Series:
-    """Notebook 11: per test game of a CoinCollector config (variation -> bool), whether `take coin` is admissible
-    at the first step, i.e. the coin lies in the room the agent starts in; the other games must be explored."""
+def coin_in_first_room(cfg: EMPO2Config, fold: str = "test") -> pd.Series:
+    """Notebook 11: per test (or `fold="train"`: training) game of a CoinCollector config (variation -> bool),
+    whether `take coin` is admissible at the first step, i.e. the coin lies in the room the agent starts in; the
+    other games must be explored."""
     from empo2.envs import env_from_config
 
     with env_from_config(cfg) as env:
-        return pd.Series({v: "take coin" in env.reset(v)[1]["valid_actions"] for v in env.test_variations})
+        games = {"test": env.test_variations, "train": env.train_variations}[fold]
+        return pd.Series({v: "take coin" in env.reset(v)[1]["valid_actions"] for v in games})
+
+
+def searching_on_seen_and_unseen_games(runs: dict[str, tuple[EMPO2Config, list[Path]]],
+                                       last_iterations: int = 20) -> pd.DataFrame:
+    """Whether CoinCollector runs learned to search or learned their training games: per label (a config and its
+    runs, one per seed), the share of episodes that took the coin on games whose coin lies outside the first room,
+    among the tip-free training episodes of the last `last_iterations` iterations (games it trains on) and in
+    the last evaluation (held-out games), each with its 95% interval (seeds, then episodes, resampled), and the
+    difference."""
+    from empo2.stats import seed_bootstrap_interval
+
+    rows, games = [], {}  # games: one simulator start per set of games, however many labels share it
+    for label, (cfg, folders) in runs.items():
+        key = (cfg.task, cfg.game_params, cfg.n_train_variations, cfg.n_test_variations)
+        if key not in games:
+            games[key] = {fold: ~coin_in_first_room(cfg, fold) for fold in ("train", "test")}
+        elsewhere = games[key]
+        trained = [tip_free_rows(training_episodes(f)) for f in folders]
+        trained = [t[(t["iteration"] > cfg.iterations - last_iterations) & t["variation"].map(elsewhere["train"])]
+                   for t in trained]
+        tested = [t[t["variation"].map(elsewhere["test"])] for t in map(last_evaluation, folders)]
+        row = {"label": label, "training games": cfg.n_train_variations, "seeds": len(folders)}
+        for name, frames in (("training", trained), ("test", tested)):
+            per_seed = [100 * t["success"].to_numpy(dtype=float) for t in frames]
+            low, high = seed_bootstrap_interval(per_seed)
+            row |= {f"{name} success %": float(np.mean([s.mean() for s in per_seed])),
+                    f"{name} 95% low": low, f"{name} 95% high": high, f"{name} episodes": sum(map(len, per_seed))}
+        rows.append(row | {"training − test": row["training success %"] - row["test success %"]})
+    return pd.DataFrame(rows).set_index("label")
 
 
 def test_scores_on(folders: list[Path], games: pd.Series) -> list[np.ndarray]:

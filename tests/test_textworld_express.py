@@ -148,3 +148,23 @@ def test_coin_in_first_room_is_exactly_where_taking_the_coin_at_once_wins():
             assert ("take coin" in info["valid_actions"]) == first
             if first:
                 assert env.step("take coin").score == 100
+
+
+def test_search_on_seen_and_unseen_games_counts_only_the_games_that_need_exploring():
+    """Notebook 11's contrast, on a committed CoinCollector run: the training share counts the tip-free episodes of
+    the last iterations on training games whose coin is not in the first room, the test share such test games."""
+    from empo2.experiments import training_episodes
+    from empo2.lessons import coin_in_first_room, searching_on_seen_and_unseen_games
+    from empo2.notebooks import ROOT
+
+    folder = ROOT / "results" / "laptop" / "coin" / "grpo-coin-seed0"
+    cfg = EMPO2Config.from_dict(json.loads((folder / "config.json").read_text())["config"])
+    row = searching_on_seen_and_unseen_games({"GRPO": (cfg, [folder])}, last_iterations=20).loc["GRPO"]
+    elsewhere = ~coin_in_first_room(cfg, "train")
+    assert len(elsewhere) == cfg.n_train_variations and 0 < elsewhere.sum() < len(elsewhere)
+    trained = training_episodes(folder)
+    late = trained[(trained["iteration"] > cfg.iterations - 20) & trained["variation"].map(elsewhere)]
+    assert 0 < row["training episodes"] == len(late) < 20 * cfg.group_size
+    assert row["training success %"] == 100 * late["success"].mean()
+    assert row["test episodes"] == (~coin_in_first_room(cfg)).sum() < cfg.n_test_variations
+    assert row["training − test"] == row["training success %"] - row["test success %"]
