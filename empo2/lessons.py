@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from empo2.config import EMPO2Config
-from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, failed
+from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, failed, succeeded
 from empo2.experiments import episodes as read_episodes
 from empo2.experiments import progress_enabled, training_episodes, tip_free as tip_free_rows
 
@@ -373,13 +373,13 @@ def searching_on_seen_and_unseen_games(runs: dict[str, tuple[EMPO2Config, list[P
         if key not in games:
             games[key] = {fold: ~coin_in_first_room(cfg, fold) for fold in ("train", "test")}
         elsewhere = games[key]
-        trained = [tip_free_rows(training_episodes(f)) for f in folders]
         trained = [t[(t["iteration"] > cfg.iterations - last_iterations) & t["variation"].map(elsewhere["train"])]
-                   for t in trained]
-        tested = [t[t["variation"].map(elsewhere["test"])] for t in map(last_evaluation, folders)]
+                   for t in (tip_free_rows(training_episodes(f)) for f in folders)]
+        scores = {"training": [t["score"].to_numpy(dtype=float) for t in trained],
+                  "test": test_scores_on(folders, elsewhere["test"])}
         row = {"label": label, "training games": cfg.n_train_variations, "seeds": len(folders)}
-        for name, frames in (("training", trained), ("test", tested)):
-            per_seed = [100 * t["success"].to_numpy(dtype=float) for t in frames]
+        for name, per_run in scores.items():
+            per_seed = [100 * succeeded(s).astype(float) for s in per_run]
             low, high = seed_bootstrap_interval(per_seed)
             row |= {f"{name} success %": float(np.mean([s.mean() for s in per_seed])),
                     f"{name} 95% low": low, f"{name} 95% high": high, f"{name} episodes": sum(map(len, per_seed))}

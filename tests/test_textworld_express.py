@@ -151,7 +151,7 @@ def test_coin_in_first_room_is_exactly_where_taking_the_coin_at_once_wins():
 
 
 def test_search_on_seen_and_unseen_games_counts_only_the_games_that_need_exploring():
-    """Notebook 11's contrast, on a committed CoinCollector run: the training share counts the tip-free episodes of
+    """Searching against route-learning, on a committed CoinCollector run: the training share counts the tip-free episodes of
     the last iterations on training games whose coin is not in the first room, the test share such test games."""
     from empo2.experiments import training_episodes
     from empo2.lessons import coin_in_first_room, searching_on_seen_and_unseen_games
