@@ -126,10 +126,24 @@ def coin_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     return runs + [_cfg(profile, results_dir, "coin", method="memory_only", seed=0, **game)]
 
 
+FEW_COIN_GAMES = {"ci": dict(), "laptop": dict(n_train_variations=10, iterations=100), "paper": dict(n_train_variations=10)}
+"""What `coin_few_games` changes in each profile's CoinCollector runs: 10 training games (at `laptop` for 100
+iterations, 800 episodes; at `ci` the profile's one game already is few)."""
+
+
+def coin_few_games(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
+    """GRPO and EMPO² on CoinCollector trained on `FEW_COIN_GAMES` (notebook 11's contrast): with few training
+    games a policy can learn their routes instead of learning to search, and scores far better on them than on
+    held-out games."""
+    game = dict(env="textworld_express", task="coin", **FEW_COIN_GAMES[profile])
+    return [_cfg(profile, results_dir, "coin-10games", method=m, seed=seed, **game)
+            for seed in SEEDS[profile] for m in ("empo2", "grpo")]
+
+
 GROUPS = {
     "main": main_comparison, "baselines": baselines, "temperature": training_temperature, "naive18": naive_all_tasks,
     "ablation": mode_ablation, "sweep": pq_sweep, "intrinsic": intrinsic_sweep, "webshop": webshop_runs,
-    "tips": constrained_tips, "coin": coin_runs,
+    "tips": constrained_tips, "coin": coin_runs, "coin10": coin_few_games,
 }
 """The runs each notebook reads (tests check that every laptop run of these is committed)."""
 

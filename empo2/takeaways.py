@@ -510,7 +510,8 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
     """Notebook 11: CoinCollector's final scores and differences, the learning curves' landmarks (training blocks
     of `window` iterations), where the coin was found, and how EMPO²'s modes fared."""
     from empo2.episode import succeeded
-    from empo2.lessons import coin_in_first_room, last_evaluation, scores_by_coin_room, test_scores_on, training_curve
+    from empo2.lessons import (coin_in_first_room, last_evaluation, scores_by_coin_room,
+                               searching_on_seen_and_unseen_games, test_scores_on, training_curve)
 
     configs = suite.coin_runs(profile, results_dir)
     folders = _finished(configs)
@@ -566,6 +567,21 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
                          + "; elsewhere " + ", ".join(f"{m} {v:.1f}" for m, v in room["coin elsewhere"].items())
                          + f". On the {int((~in_first_room).sum())} games that need exploring, EMPO² − GRPO "
                          f"{interval(*explored, signed=True)}.")
+    few_configs = suite.coin_few_games(profile, results_dir)
+    few = _finished(few_configs)
+    if few is not None and runs["empo2"] and runs["grpo"]:
+        few_runs = {m: [f for f, c in zip(few, few_configs) if c.method == m] for m in ("grpo", "empo2")}
+        settings = {}
+        for m in ("grpo", "empo2"):
+            settings[(METHODS[m], few_configs[0].n_train_variations)] = (few_configs[0], few_runs[m])
+            settings[(METHODS[m], configs[0].n_train_variations)] = (configs[0], runs[m])
+        seen = searching_on_seen_and_unseen_games(settings)
+        lines.append("- **Training games against new ones** (coin outside the first room; tip-free training episodes of "
+                     "the last 20 iterations, then the final test): " + "; ".join(
+                         f"{m} on {n} games {r['training success %']:.1f} % in training, {r['test success %']:.1f} % "
+                         "in the test" for (m, n), r in seen.iterrows()) + ". On "
+                     f"{few_configs[0].n_train_variations} training games, final test "
+                     + difference(few_runs["empo2"], few_runs["grpo"], "EMPO² − GRPO") + ".")
     single = [METHODS[m] for m in order if table.loc[m, "seeds"] == 1]
     if single:
         lines.append(f"- One seed so far for {', '.join(single)}: those intervals resample test games only, not runs.")
