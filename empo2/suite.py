@@ -126,9 +126,10 @@ def coin_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     return runs + [_cfg(profile, results_dir, "coin", method="memory_only", seed=0, **game)]
 
 
-FEW_COIN_GAMES = {"ci": dict(), "laptop": dict(n_train_variations=10, iterations=100), "paper": dict(n_train_variations=10)}
+FEW_COIN_GAMES = {"ci": dict(n_train_variations=2), "laptop": dict(n_train_variations=10, iterations=100),
+                  "paper": dict(n_train_variations=10)}
 """What `coin_few_games` changes in each profile's CoinCollector runs: 10 training games (at `laptop` for 100
-iterations, 800 episodes; at `ci` the profile's one game already is few)."""
+iterations, 800 episodes). At `ci`, whose runs play 1 game, 2 games: only so that the two settings differ."""
 
 
 def coin_few_games(profile: str, results_dir: str = "results") -> list[EMPO2Config]:

@@ -578,9 +578,9 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
         seen = searching_on_seen_and_unseen_games(settings)
         lines.append("- **Training games against new ones** (coin outside the first room; tip-free training episodes of "
                      "the last 20 iterations, then the final test): " + "; ".join(
-                         f"{m} on {n} games {r['training success %']:.1f} % in training, {r['test success %']:.1f} % "
-                         "in the test" for (m, n), r in seen.iterrows()) + ". On "
-                     f"{few_configs[0].n_train_variations} training games, final test "
+                         f"{m} on {_n(n, 'game')} {r['training success %']:.1f} % in training, "
+                         f"{r['test success %']:.1f} % in the test" for (m, n), r in seen.iterrows()) + ". On "
+                     f"{_n(few_configs[0].n_train_variations, 'training game')}, final test "
                      + difference(few_runs["empo2"], few_runs["grpo"], "EMPO² − GRPO") + ".")
     single = [METHODS[m] for m in order if table.loc[m, "seeds"] == 1]
     if single:
