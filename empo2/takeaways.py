@@ -506,6 +506,11 @@ def webshop_runs(folders: list[Path], scripted: pd.DataFrame | None = None) -> s
 
 
 # ------------------------------------------------------------------------------------------ notebook 11
+def _share(row: pd.Series, part: str, where: str) -> str:
+    """"70.2 % in training" from a `searching_on_seen_and_unseen_games` row, or "no such game in training"."""
+    return f"{row[f'{part} success %']:.1f} % in {where}" if row[f"{part} episodes"] else f"no such game in {where}"
+
+
 def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
     """Notebook 11: CoinCollector's final scores and differences, the learning curves' landmarks (training blocks
     of `window` iterations), where the coin was found, and how EMPO²'s modes fared."""
@@ -578,8 +583,8 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
         seen = searching_on_seen_and_unseen_games(settings)
         lines.append("- **Training games against new ones** (coin outside the first room; tip-free training episodes of "
                      "the last 20 iterations, then the final test): " + "; ".join(
-                         f"{m} on {_n(n, 'game')} {r['training success %']:.1f} % in training, "
-                         f"{r['test success %']:.1f} % in the test" for (m, n), r in seen.iterrows()) + ". On "
+                         f"{m} on {_n(n, 'game')} {_share(r, 'training', 'training')}, {_share(r, 'test', 'the test')}"
+                         for (m, n), r in seen.iterrows()) + ". On "
                      f"{_n(few_configs[0].n_train_variations, 'training game')}, final test "
                      + difference(few_runs["empo2"], few_runs["grpo"], "EMPO² − GRPO") + ".")
     single = [METHODS[m] for m in order if table.loc[m, "seeds"] == 1]
