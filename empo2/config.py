@@ -448,7 +448,7 @@ WEBSHOP_VALUES: dict[str, dict] = {
 TEXTWORLD_EXPRESS_VALUES: dict[str, dict] = {
     # The paper's ScienceWorld settings on another game (never run).
     "paper": dict(task="coin", max_steps=20, n_train_variations=100, n_test_variations=100, tip_decoding="free"),
-    # About an hour a run on a 2-core CPU: 60 iterations of one group of 8 (480 training episodes), each group on
+    # One to two hours a run on a 2-core CPU: 60 iterations of one group of 8 (480 training episodes), each group on
     # a game drawn from 100 training games (so most games are played in one iteration or none), with constrained
     # tips; evaluation on 40 held-out games every 20 iterations. On 10 training games for 100 iterations
     # (`suite.coin_few_games`) both methods learned those games' routes instead of searching: late in training
