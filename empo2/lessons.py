@@ -358,26 +358,32 @@ def coin_in_first_room(cfg: EMPO2Config, fold: str = "test") -> pd.Series:
         return pd.Series({v: "take coin" in env.reset(v)[1]["valid_actions"] for v in games})
 
 
-def searching_on_seen_and_unseen_games(runs: dict[str, tuple[EMPO2Config, list[Path]]],
+def searching_on_seen_and_unseen_games(configs: list[EMPO2Config], folders: list[Path], labels: dict[str, str],
                                        last_iterations: int = 20) -> pd.DataFrame:
-    """Whether CoinCollector runs learned to search or learned their training games: per label (a config and its
-    runs, one per seed), the share of episodes that took the coin on games whose coin lies outside the first room,
-    among the tip-free training episodes of the last `last_iterations` iterations (games it trains on) and in
-    the last evaluation (held-out games), each with its 95% interval (seeds, then episodes, resampled), and the
-    difference."""
+    """Whether CoinCollector runs learned to search or learned their training games: per method of `labels`
+    (method -> label) and number of training games, over its runs (one per seed; `configs` and `folders` in
+    step), the share of episodes that took the coin on games whose coin lies outside the first room, among the
+    tip-free training episodes of the last `last_iterations` iterations (games it trains on) and in the last
+    evaluation (held-out games), each with its 95% interval (seeds, then episodes, resampled), and the
+    difference. Indexed by (label, training games), in the order of `labels`, then fewer games first."""
     from empo2.stats import seed_bootstrap_interval
 
-    rows, games = [], {}  # games: one simulator start per set of games, however many labels share it
-    for label, (cfg, folders) in runs.items():
+    settings: dict[tuple[str, int], tuple[EMPO2Config, list[Path]]] = {}
+    for method in labels:
+        for cfg, folder in sorted(((c, f) for c, f in zip(configs, folders) if c.method == method),
+                                  key=lambda pair: pair[0].n_train_variations):
+            settings.setdefault((labels[method], cfg.n_train_variations), (cfg, []))[1].append(folder)
+    rows, games = [], {}  # games: one simulator start per set of games, however many settings share it
+    for (label, n_games), (cfg, run_folders) in settings.items():
         key = (cfg.task, cfg.game_params, cfg.n_train_variations, cfg.n_test_variations)
         if key not in games:
             games[key] = {fold: ~coin_in_first_room(cfg, fold) for fold in ("train", "test")}
         elsewhere = games[key]
         trained = [t[(t["iteration"] > cfg.iterations - last_iterations) & t["variation"].map(elsewhere["train"])]
-                   for t in (tip_free_rows(training_episodes(f)) for f in folders)]
+                   for t in (tip_free_rows(training_episodes(f)) for f in run_folders)]
         scores = {"training": [t["score"].to_numpy(dtype=float) for t in trained],
-                  "test": test_scores_on(folders, elsewhere["test"])}
-        row = {"label": label, "training games": cfg.n_train_variations, "seeds": len(folders)}
+                  "test": test_scores_on(run_folders, elsewhere["test"])}
+        row = {"label": label, "training games": n_games, "seeds": len(run_folders)}
         for name, per_run in scores.items():
             per_seed = [100 * succeeded(s).astype(float) for s in per_run]
             low, high = seed_bootstrap_interval(per_seed)
@@ -385,7 +391,7 @@ def searching_on_seen_and_unseen_games(runs: dict[str, tuple[EMPO2Config, list[P
             row |= {f"{name} success %": float(np.mean(means)) if means else float("nan"),
                     f"{name} 95% low": low, f"{name} 95% high": high, f"{name} episodes": sum(map(len, per_seed))}
         rows.append(row | {"training − test": row["training success %"] - row["test success %"]})
-    return pd.DataFrame(rows).set_index("label")
+    return pd.DataFrame(rows).set_index(["label", "training games"])
 
 
 def test_scores_on(folders: list[Path], games: pd.Series) -> list[np.ndarray]:

@@ -576,11 +576,8 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
     few = _finished(few_configs)
     if few is not None and runs["empo2"] and runs["grpo"]:
         few_runs = {m: [f for f, c in zip(few, few_configs) if c.method == m] for m in ("grpo", "empo2")}
-        settings = {}
-        for m in ("grpo", "empo2"):
-            settings[(METHODS[m], few_configs[0].n_train_variations)] = (few_configs[0], few_runs[m])
-            settings[(METHODS[m], configs[0].n_train_variations)] = (configs[0], runs[m])
-        seen = searching_on_seen_and_unseen_games(settings)
+        seen = searching_on_seen_and_unseen_games(few_configs + configs, few + folders,
+                                                  {m: METHODS[m] for m in ("grpo", "empo2")})
         lines.append("- **Training games against new ones** (coin outside the first room; tip-free training episodes of "
                      "the last 20 iterations, then the final test): " + "; ".join(
                          f"{m} on {_n(n, 'game')} {_share(r, 'training', 'training')}, {_share(r, 'test', 'the test')}"

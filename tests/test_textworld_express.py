@@ -159,7 +159,9 @@ def test_search_on_seen_and_unseen_games_counts_only_the_games_that_need_explori
 
     folder = ROOT / "results" / "laptop" / "coin" / "grpo-coin-seed0"
     cfg = EMPO2Config.from_dict(json.loads((folder / "config.json").read_text())["config"])
-    row = searching_on_seen_and_unseen_games({"GRPO": (cfg, [folder])}, last_iterations=20).loc["GRPO"]
+    table = searching_on_seen_and_unseen_games([cfg], [folder], {"grpo": "GRPO", "empo2": "EMPO²"}, last_iterations=20)
+    assert list(table.index) == [("GRPO", cfg.n_train_variations)]  # only the methods given, only runs of them
+    row = table.loc[("GRPO", cfg.n_train_variations)]
     elsewhere = ~coin_in_first_room(cfg, "train")
     assert len(elsewhere) == cfg.n_train_variations and 0 < elsewhere.sum() < len(elsewhere)
     trained = training_episodes(folder)
