@@ -19,23 +19,41 @@ def _cfg(profile: str, results_dir: str, experiment: str, **overrides) -> EMPO2C
     return EMPO2Config.from_profile(profile, results_dir=results_dir, experiment=experiment, **overrides)
 
 
+MAIN_BUDGET = {"ci": {}, "laptop": dict(iterations=40, eval_every=10), "paper": {}}
+"""The main comparison's budget where it differs from the profile's. At `laptop`, 40 iterations (320 training
+episodes, 4x the variants' 10) tested every 10: as long as two cores train both methods side by side in one
+sitting (about two hours). The authors' own curve turns only after thousands of episodes."""
+
+
+def _main(profile: str, results_dir: str, method: str, seed: int) -> EMPO2Config:
+    return _cfg(profile, results_dir, "power-component", method=method, task=MAIN_TASK, seed=seed,
+                **MAIN_BUDGET[profile])
+
+
 def main_comparison(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """EMPO² and GRPO on power-component, same budget, several seeds (Fig. 1a)."""
-    return [_cfg(profile, results_dir, "power-component", method=method, task=MAIN_TASK, seed=seed)
-            for method in ("empo2", "grpo") for seed in SEEDS[profile]]
+    return [_main(profile, results_dir, method, seed) for method in ("empo2", "grpo") for seed in SEEDS[profile]]
 
 
 def baselines(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """Naive (the untrained model under the same decoding, one evaluation per seed) and memory-only."""
     naive = [_cfg(profile, results_dir, "power-component", method="naive", task=MAIN_TASK, seed=seed)
              for seed in SEEDS[profile]]
-    return naive + [_cfg(profile, results_dir, "power-component", method="memory_only", task=MAIN_TASK, seed=0)]
+    return naive + [_main(profile, results_dir, "memory_only", 0)]
 
 
 def main_run(profile: str, method: str, results_dir: str = "results") -> EMPO2Config:
-    """The seed-0 main-comparison run of `method`: the one variants equal to it share, and the
-    policy notebook 05 adapts to a new task."""
-    return _cfg(profile, results_dir, "power-component", method=method, task=MAIN_TASK, seed=0)
+    """The seed-0 main-comparison run of `method`: the policy notebook 05 adapts to a new task."""
+    return _main(profile, results_dir, method, 0)
+
+
+def reference_run(profile: str, results_dir: str = "results") -> EMPO2Config:
+    """EMPO² seed 0 at the profile's budget: the run that variants equal to it share (the ablation's full
+    method, p = 0.25 and q = 2/3 of the sweep, the 1x novelty reward). The main run where the main
+    comparison keeps the profile's budget."""
+    if not MAIN_BUDGET[profile]:
+        return main_run(profile, "empo2", results_dir)
+    return _cfg(profile, results_dir, "variants", method="empo2", task=MAIN_TASK, seed=0, run_name="empo2-reference")
 
 
 def training_temperature(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
@@ -68,36 +86,37 @@ def naive_all_tasks(profile: str, results_dir: str = "results") -> list[EMPO2Con
             for task in tasks]
 
 
-def _or_main_run(cfg: EMPO2Config, profile: str, results_dir: str) -> EMPO2Config:
-    """A variant whose settings are the main EMPO² seed-0 run's IS that run: trained once, shared."""
-    main = main_run(profile, "empo2", results_dir)
-    return main if dataclasses.replace(cfg, experiment=main.experiment, run_name=main.run_name) == main else cfg
+def _or_reference_run(cfg: EMPO2Config, profile: str, results_dir: str) -> EMPO2Config:
+    """A variant whose settings are the reference run's IS that run: trained once, shared."""
+    reference = reference_run(profile, results_dir)
+    same = dataclasses.replace(cfg, experiment=reference.experiment, run_name=reference.run_name) == reference
+    return reference if same else cfg
 
 
 def mode_ablation(profile: str, results_dir: str = "results") -> dict[str, list[EMPO2Config]]:
-    """Full EMPO² vs without off-policy updates (q = 0) vs without on-policy-with-memory updates (q = 1): the
-    runs of each variant, one per seed."""
+    """Full EMPO² vs without off-policy updates (q = 0) vs without on-policy-with-memory updates (q = 1), at the
+    profile's budget: the runs of each variant, one per seed (the full method is the reference run)."""
     variants = {"EMPO2 (full)": {}, "without off-policy": {"q": 0.0}, "without on-policy with memory": {"q": 1.0}}
-    return {label: [_or_main_run(_cfg(profile, results_dir, "ablation-modes", task=MAIN_TASK, run_name=f"empo2-{name}",
-                                      **values), profile, results_dir)]
+    return {label: [_or_reference_run(_cfg(profile, results_dir, "ablation-modes", task=MAIN_TASK, run_name=f"empo2-{name}",
+                                           **values), profile, results_dir)]
             for (label, values), name in zip(variants.items(), ("full", "q0", "q1"))}
 
 
 def pq_sweep(profile: str, results_dir: str = "results") -> dict[str, list[EMPO2Config]]:
-    """p in (0.1, 0.25, 0.4, 0.7) at q = 2/3, and q in (0.3, 2/3, 0.85, 0.95) at p = 0.25: the runs of each
-    value, one per seed."""
+    """p in (0.1, 0.25, 0.4, 0.7) at q = 2/3, and q in (0.3, 2/3, 0.85, 0.95) at p = 0.25, at the profile's budget:
+    the runs of each value, one per seed."""
     runs = {f"p={p}": _cfg(profile, results_dir, "sweep-pq", task=MAIN_TASK, p=p, run_name=f"empo2-p{p}")
             for p in (0.1, 0.25, 0.4, 0.7)}
     for q in (0.3, 2 / 3, 0.85, 0.95):
         runs[f"q={q:.2f}"] = _cfg(profile, results_dir, "sweep-pq", task=MAIN_TASK, q=q, run_name=f"empo2-q{q:.2f}")
-    return {label: [_or_main_run(cfg, profile, results_dir)] for label, cfg in runs.items()}
+    return {label: [_or_reference_run(cfg, profile, results_dir)] for label, cfg in runs.items()}
 
 
 def intrinsic_sweep(profile: str, results_dir: str = "results") -> dict[str, list[EMPO2Config]]:
-    """Intrinsic reward weight: none, 0.5x, 1x, 2x: the runs of each weight, one per seed."""
-    return {f"{c}x" if c else "none": [_or_main_run(_cfg(profile, results_dir, "intrinsic", task=MAIN_TASK,
-                                                         intrinsic_coef=c, run_name=f"empo2-int{c}"),
-                                                    profile, results_dir)]
+    """Intrinsic reward weight: none, 0.5x, 1x, 2x, at the profile's budget: the runs of each weight, one per seed."""
+    return {f"{c}x" if c else "none": [_or_reference_run(_cfg(profile, results_dir, "intrinsic", task=MAIN_TASK,
+                                                              intrinsic_coef=c, run_name=f"empo2-int{c}"),
+                                                         profile, results_dir)]
             for c in (0.0, 0.5, 1.0, 2.0)}
 
 
@@ -107,13 +126,6 @@ def webshop_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config
     runs += [_cfg(profile, results_dir, "webshop", env="webshop", method=m, seed=seed)
              for m in ("grpo", "empo2") for seed in SEEDS[profile]]
     return runs
-
-
-def constrained_tips(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
-    """The main comparison's seed-0 EMPO² run again with constrained tips: how rollouts with tips fare against
-    plain ones of the same iteration (one seed so far; the main comparison's seeds when it is regenerated)."""
-    return [_cfg(profile, results_dir, "tips", method="empo2", task=MAIN_TASK, seed=0, tip_decoding="constrained",
-                 run_name="empo2-constrained-seed0")]
 
 
 def coin_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
@@ -144,7 +156,7 @@ def coin_few_games(profile: str, results_dir: str = "results") -> list[EMPO2Conf
 GROUPS = {
     "main": main_comparison, "baselines": baselines, "temperature": training_temperature, "naive18": naive_all_tasks,
     "ablation": mode_ablation, "sweep": pq_sweep, "intrinsic": intrinsic_sweep, "webshop": webshop_runs,
-    "tips": constrained_tips, "coin": coin_runs, "coin10": coin_few_games,
+    "coin": coin_runs, "coin10": coin_few_games,
 }
 """The runs each notebook reads (tests check that every laptop run of these is committed)."""
 

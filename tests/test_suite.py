@@ -15,8 +15,13 @@ def test_every_laptop_run_takes_the_laptop_profile_as_it_is():
     runs = suite.main_comparison("laptop") + suite.baselines("laptop")
     assert {c.method for c in runs} == {"naive", "memory_only", "grpo", "empo2"}
     for cfg in runs:
-        assert (cfg.iterations, cfg.repeat_tips, cfg.action_decoding) == (profile.iterations, False, "constrained")
-    assert suite.mode_ablation("laptop")["EMPO2 (full)"] == [suite.main_run("laptop", "empo2")]
+        assert (cfg.repeat_tips, cfg.action_decoding, cfg.tip_decoding) == (False, "constrained", "constrained")
+        trained = cfg.method != "naive"
+        assert cfg.iterations == (suite.MAIN_BUDGET["laptop"]["iterations"] if trained else profile.iterations)
+    reference = suite.reference_run("laptop")
+    assert suite.mode_ablation("laptop")["EMPO2 (full)"] == [reference] == suite.pq_sweep("laptop")["p=0.25"]
+    assert suite.intrinsic_sweep("laptop")["1.0x"] == [reference]
+    assert reference.iterations == profile.iterations
     assert suite.main_run("laptop", "empo2").experiment == "power-component"
     for group in suite.GROUPS:
         for cfg in suite.group_configs(group, "laptop"):
