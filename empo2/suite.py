@@ -128,13 +128,19 @@ def webshop_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config
     return runs
 
 
+COIN_SEEDS = SEEDS | {"laptop": (0, 1, 2, 3)}
+"""The seeds of `coin_runs`. At `laptop`, four: with seeds 0-2, EMPO² − GRPO was +13.3 [-1.7, +28.3], as wide
+from the spread between seeds as from the 40 test games each plays, so seed 3 was added (a decision taken
+after reading seeds 0-2, which notebook 11 states)."""
+
+
 def coin_runs(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
     """Naive, memory-only, GRPO and EMPO² on TextWorldExpress's CoinCollector (notebook 11): EMPO² and GRPO first,
     seed by seed, so that a partly trained group already holds a comparison."""
     game = dict(env="textworld_express", task="coin")
     runs = [_cfg(profile, results_dir, "coin", method=m, seed=seed, **game)
-            for seed in SEEDS[profile] for m in ("empo2", "grpo")]
-    runs += [_cfg(profile, results_dir, "coin", method="naive", seed=seed, **game) for seed in SEEDS[profile]]
+            for seed in COIN_SEEDS[profile] for m in ("empo2", "grpo")]
+    runs += [_cfg(profile, results_dir, "coin", method="naive", seed=seed, **game) for seed in COIN_SEEDS[profile]]
     return runs + [_cfg(profile, results_dir, "coin", method="memory_only", seed=0, **game)]
 
 
