@@ -72,6 +72,35 @@ def run(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None = N
     return folder
 
 
+def saved_retest(cfg: EMPO2Config) -> Path | None:
+    """The latest finished evaluation of exactly `cfg` among its run's `evaluations/eval-NNN/`, if any."""
+    for folder in sorted((Path(cfg.run_dir) / "evaluations").glob("eval-[0-9][0-9][0-9]"), reverse=True):
+        record = folder / "config.json"
+        if (RunFolder(folder, writes=False).finished and record.exists()
+                and not config_differences(json.loads(record.read_text())["config"], cfg)):
+            return folder
+    return None
+
+
+def retest(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None = None) -> Path:
+    """Evaluate the trained run in `cfg.run_dir` again under `cfg` (e.g. on more test games than its own
+    evaluations played), into the run's `evaluations/eval-NNN/` (`trainer.evaluate_run`); return that folder.
+
+    A saved evaluation of exactly this config (`saved_retest`) is reused unless `force`. The run's records are
+    only read. Its weights are its last checkpoint or final_weights.pt, which git does not keep: on a clone,
+    only saved evaluations can be read.
+    """
+    with run_lock(Path(cfg.run_dir)):
+        saved = None if force else saved_retest(cfg)
+        if saved is not None:
+            print(f"reusing {saved} (finished evaluation with the same config; force=True evaluates again)")
+            return saved
+        from empo2.trainer import evaluate_run
+
+        _, folder = evaluate_run(cfg, show_progress=progress_enabled() if show_progress is None else show_progress)
+    return Path(folder)
+
+
 @contextlib.contextmanager
 def run_lock(folder: Path):
     """Hold `folder`'s run for this process (a lock file beside it, released when the process ends)."""

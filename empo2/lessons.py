@@ -311,6 +311,17 @@ def last_evaluation(folder: Path) -> pd.DataFrame:
     return tested[tested["iteration"] == tested["iteration"].max()]
 
 
+def replayed_episodes(run: Path, retest: Path) -> tuple[int, int]:
+    """Of a run's last-evaluation episodes, how many a later evaluation of the same policy (`experiments.retest`,
+    whose first test games and sampling seeds are the run's own) played again step for step: same game, same
+    actions. Returns (replayed, episodes)."""
+    own = last_evaluation(run)
+    again = last_evaluation(retest).iloc[: len(own)]
+    same = [a == b and list(x) == list(y) for a, b, x, y in
+            zip(own["variation"], again["variation"], own["actions"], again["actions"])]
+    return sum(same), len(own)
+
+
 def webshop_behaviour(folders: list[Path]) -> pd.DataFrame:
     """Notebook 10: per run, how far its last evaluation's test episodes got along search -> product -> buy
     (shares), their share of invalid actions and mean score; the share of its training episodes that bought

@@ -568,6 +568,17 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
                          + "; elsewhere " + ", ".join(f"{m} {v:.1f}" for m, v in room["coin elsewhere"].items())
                          + f". On the {int((~in_first_room).sum())} games that need exploring, EMPO² − GRPO "
                          f"{interval(*explored, signed=True)}.")
+    retest_configs = suite.coin_retests(profile, results_dir)
+    retests = [experiments.saved_retest(c) for c in retest_configs]
+    if retests and None not in retests:
+        again = {m: [f for f, c in zip(retests, retest_configs) if c.method == m] for m in ("grpo", "empo2")}
+        scores = experiments.score_table(retests)
+        lines.append(f"- **On more held-out games** (the final policies of seeds "
+                     f"{', '.join(map(str, suite.COIN_RETEST_SEEDS[profile]))} on {retest_configs[0].n_test_variations} "
+                     "games, a test chosen after reading seeds 0–3): "
+                     + "; ".join(f"{METHODS[m]} {interval(*scores.loc[m, ['score', '95% low', '95% high']])}"
+                                 for m in ("grpo", "empo2"))
+                     + "; " + difference(again["empo2"], again["grpo"], "EMPO² − GRPO") + ".")
     few_configs = suite.coin_few_games(profile, results_dir)
     few = _finished(few_configs)
     if few is not None and runs["empo2"] and runs["grpo"]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 
 import pytest
 
+from empo2 import experiments, lessons
 from empo2.config import EMPO2Config
 from empo2.envs import make_env
 from empo2.envs.jvm import running_jvm_pids
@@ -116,10 +118,14 @@ def test_profiles_name_the_game_and_its_folder():
     assert str(cfg.run_dir) == "results/laptop/coin/empo2-coin-seed0"
 
 
-def test_ci_training_on_the_real_game(tmp_path):
-    """EMPO² at the ci budget on CoinCollector: real JVMs, the real model, constrained actions and tips."""
+def test_ci_training_on_the_real_game(tmp_path, capsys):
+    """EMPO² at the ci budget on CoinCollector: real JVMs, the real model, constrained actions and tips. Then
+    notebook 11's second look (`experiments.retest`): the final policy on more test games, beside the run; the
+    first games replay the run's final evaluation (its test episodes fill whole groups), and a saved retest is
+    read, not played again."""
     before = set(running_jvm_pids())
-    cfg = EMPO2Config.from_profile("ci", env="textworld_express", method="empo2", p=1.0, results_dir=str(tmp_path))
+    cfg = EMPO2Config.from_profile("ci", env="textworld_express", method="empo2", p=1.0, results_dir=str(tmp_path),
+                                   n_test_variations=2)
     trainer = Trainer(cfg, show_progress=False)
     try:
         last = trainer.train()
@@ -132,6 +138,17 @@ def test_ci_training_on_the_real_game(tmp_path):
     tips = [json.loads(line) for line in (cfg.run_dir / "tips.jsonl").read_text().splitlines()]
     assert tips and all(t["tip"].startswith("Helpful:") and not t["tip_cut"] for t in tips)
     assert (cfg.run_dir / "summary.json").exists()
+
+    records = {p: p.read_bytes() for p in cfg.run_dir.iterdir() if p.is_file()}
+    more = dataclasses.replace(cfg, n_test_variations=2 * cfg.n_test_variations)
+    assert experiments.saved_retest(more) is None
+    retest = experiments.retest(more, show_progress=False)
+    assert {p: p.read_bytes() for p in cfg.run_dir.iterdir() if p.is_file()} == records
+    assert experiments.saved_retest(more) == retest and experiments.saved_retest(cfg) is None
+    assert lessons.replayed_episodes(cfg.run_dir, retest) == (2, 2)
+    assert len(lessons.last_evaluation(retest)) == 4 and set(running_jvm_pids()) == before
+    capsys.readouterr()
+    assert experiments.retest(more, show_progress=False) == retest and "reusing" in capsys.readouterr().out
 
 
 def test_coin_in_first_room_is_exactly_where_taking_the_coin_at_once_wins():
