@@ -28,12 +28,18 @@ try:
 except ImportError:  # Windows: runs are not locked
     fcntl = None
 
+
+def holds(folder: Path, cfg: EMPO2Config) -> bool:
+    """`folder` holds a finished run (or evaluation) of exactly this config."""
+    record = Path(folder) / "config.json"
+    if not RunFolder(folder, writes=False).finished or not record.exists():
+        return False
+    return not config_differences(json.loads(record.read_text())["config"], cfg)
+
+
 def is_finished(cfg: EMPO2Config) -> bool:
     """A finished run of exactly this config is in `cfg.run_dir`."""
-    folder = RunFolder(cfg.run_dir)
-    if not folder.finished or not (folder.path / "config.json").exists():
-        return False
-    return not config_differences(json.loads((folder.path / "config.json").read_text())["config"], cfg)
+    return holds(cfg.run_dir, cfg)
 
 
 PROGRESS_VARIABLE = "EMPO2_PROGRESS"
@@ -74,12 +80,8 @@ def run(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None = N
 
 def saved_retest(cfg: EMPO2Config) -> Path | None:
     """The latest finished evaluation of exactly `cfg` among its run's `evaluations/eval-NNN/`, if any."""
-    for folder in sorted((Path(cfg.run_dir) / "evaluations").glob("eval-[0-9][0-9][0-9]"), reverse=True):
-        record = folder / "config.json"
-        if (RunFolder(folder, writes=False).finished and record.exists()
-                and not config_differences(json.loads(record.read_text())["config"], cfg)):
-            return folder
-    return None
+    evaluations = sorted((cfg.run_dir / "evaluations").glob("eval-[0-9][0-9][0-9]"), reverse=True)
+    return next((folder for folder in evaluations if holds(folder, cfg)), None)
 
 
 def retest(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None = None) -> Path:
@@ -90,7 +92,7 @@ def retest(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None 
     only read. Its weights are its last checkpoint or final_weights.pt, which git does not keep: on a clone,
     only saved evaluations can be read.
     """
-    with run_lock(Path(cfg.run_dir)):
+    with run_lock(cfg.run_dir):
         saved = None if force else saved_retest(cfg)
         if saved is not None:
             print(f"reusing {saved} (finished evaluation with the same config; force=True evaluates again)")
