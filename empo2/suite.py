@@ -149,18 +149,15 @@ COIN_RETEST_GAMES = {"ci": 4, "laptop": 200, "paper": 400}
 game once). Chosen after reading seeds 0-3, whose EMPO² − GRPO interval crossed 0 and owed as much to those 40
 games as to the spread between seeds (notebook 11 says so)."""
 
-COIN_RETEST_SEEDS = COIN_SEEDS | {"laptop": (1, 2, 3, 4)}
-"""The seeds `coin_retests` evaluates again: those whose weights were kept (laptop seed 0's were not)."""
-
 
 def coin_retests(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
-    """The final GRPO and EMPO² policies of `coin_runs` tested again on `COIN_RETEST_GAMES` held-out games
-    (`experiments.retest`; notebook 11). Their first games are those of the runs' own last evaluation, played
+    """The final GRPO and EMPO² policies of `coin_runs`, every seed, tested again on `COIN_RETEST_GAMES` held-out
+    games (`experiments.retest`; notebook 11). Their first games are those of the runs' own last evaluation, played
     with the same sampling seeds, so where the runs played them in whole groups (`group_size` games at once, as
     at `laptop`) those episodes replay it."""
     return [dataclasses.replace(cfg, n_test_variations=COIN_RETEST_GAMES[profile])
             for cfg in coin_runs(profile, results_dir)
-            if cfg.method in ("grpo", "empo2") and cfg.seed in COIN_RETEST_SEEDS[profile]]
+            if cfg.method in ("grpo", "empo2")]
 
 
 FEW_COIN_GAMES = {"ci": dict(n_train_variations=2), "laptop": dict(n_train_variations=10, iterations=100),

@@ -574,7 +574,7 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
         again = {m: [f for f, c in zip(retests, retest_configs) if c.method == m] for m in ("grpo", "empo2")}
         scores = experiments.score_table(retests)
         lines.append(f"- **On more held-out games** (the final policies of seeds "
-                     f"{', '.join(map(str, suite.COIN_RETEST_SEEDS[profile]))} on {retest_configs[0].n_test_variations} "
+                     f"{', '.join(map(str, suite.COIN_SEEDS[profile]))} on {retest_configs[0].n_test_variations} "
                      "games, a test chosen after reading seeds 0–3): "
                      + "; ".join(f"{METHODS[m]} {interval(*scores.loc[m, ['score', '95% low', '95% high']])}"
                                  for m in ("grpo", "empo2"))
