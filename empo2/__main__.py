@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{field.name:22s} = {getattr(cfg, field.name)!r:32s}  # {helps[field.name]}")
         return
 
+    from empo2.envs import GameError
     from empo2.experiments import is_finished
     from empo2.models import default_dtype, resolve_policy_path
     from empo2.runs import DONE_FILE, RunError
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             with Trainer(cfg, resume=args.resume, overwrite=args.overwrite, show_progress=not args.quiet) as trainer:
                 metrics, folder = trainer.train(), trainer.run_dir
-    except RunError as error:
+    except (RunError, GameError) as error:
         raise SystemExit(f"error: {error}") from None
     if _is_main_process():
         print(json.dumps(metrics, indent=2))

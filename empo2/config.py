@@ -27,6 +27,7 @@ from empo2.prompts import TIP_TEMPLATES
 
 METHODS = ("empo2", "grpo", "naive", "memory_only")
 PROFILES = ("ci", "laptop", "paper")
+SPLIT_FIELDS = ("n_train_variations", "n_test_variations")
 
 
 _FIELD_TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
@@ -58,9 +59,11 @@ class EMPO2Config:
     task: str = "power-component"
     """ScienceWorld task name, or TextWorldExpress game (coin, ...); ignored by single-task environments."""
     n_train_variations: int = 5
-    """Train on the first N variations of the task's train split (paper: 5)."""
-    n_test_variations: int = 20
-    """Evaluate on the first M variations of the test split (paper: up to 20)."""
+    """Train on the first N variations of the task's train split (paper: 5); at most the split's size (a profile's
+    value is cut to it, a value given is refused above it)."""
+    n_test_variations: int = 5
+    """Evaluate on the first M variations of the test split (paper: up to 20; power-component has 5); at most the
+    split's size, as n_train_variations."""
     max_steps: int = 0
     """Episode step limit; 0 means the task's own default (30 for most ScienceWorld tasks)."""
     jvm_heap: str = "1g"
@@ -250,10 +253,14 @@ class EMPO2Config:
             if self.task not in TASK_NAMES:
                 raise ValueError(f"task: {self.task!r} is not a ScienceWorld task; choose one of {', '.join(TASK_NAMES)}")
         if self.env == "textworld_express":
-            from empo2.envs.textworld_express import GAME_NAMES
+            from empo2.envs.textworld_express import GAME_NAMES, parse_game_params
 
             if self.task not in GAME_NAMES:
                 raise ValueError(f"task: {self.task!r} is not a TextWorldExpress game; choose one of {', '.join(GAME_NAMES)}")
+            parse_game_params(self.task, self.game_params)
+        elif self.game_params:
+            raise ValueError(f"game_params: {self.game_params!r} is not allowed with env {self.env}; only "
+                             "TextWorldExpress games (env textworld_express) take parameters")
         if self.tip_template != "helpful_avoid_next" and self.tip_decoding != "constrained":
             raise ValueError(f"tip_template: {self.tip_template!r} needs tip_decoding 'constrained' (free tips have no slots)")
         if self.webshop_query == "words" and self.action_decoding != "constrained":
@@ -285,6 +292,7 @@ class EMPO2Config:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}: {value!r} is not allowed; need an integer >= {low}")
+        self.validate_split_sizes()
         positives = {"lr": self.lr, "clip_high": self.clip_high, "max_grad_norm": self.max_grad_norm}
         for name, value in positives.items():
             if not value > 0:
@@ -309,6 +317,21 @@ class EMPO2Config:
         if not self.lora_target_modules and self.lora_rank > 0:
             raise ValueError("lora_target_modules: empty; name at least one module, or set lora_rank 0")
 
+    def validate_split_sizes(self) -> None:
+        """Raise ValueError where a run asks for more test (or, when it plays training episodes, training)
+        variations than its task's split holds, where that is known without starting the environment."""
+        from empo2.envs import split_sizes
+
+        sizes = split_sizes(self.env, self.task)
+        if sizes is None:
+            return
+        for name, size, split in zip(SPLIT_FIELDS, sizes, ("training", "test")):
+            value = getattr(self, name)
+            if value > size and (name != "n_train_variations" or self.plays_training_episodes):
+                where = self.task if self.has_tasks else self.env
+                raise ValueError(f"{name}: {value} is more than {where}'s {split} split holds ({size} "
+                                 f"variations); allowed 1..{size}")
+
     # --- what the method implies -------------------------------------------------------
     @property
     def rollout_p(self) -> float:
@@ -328,6 +351,11 @@ class EMPO2Config:
     @property
     def writes_tips(self) -> bool:
         return self.method in ("empo2", "memory_only")
+
+    @property
+    def plays_training_episodes(self) -> bool:
+        """Every method but naive (which only evaluates) plays on the training variations."""
+        return self.method != "naive"
 
     @property
     def trains_weights(self) -> bool:
@@ -368,6 +396,15 @@ class EMPO2Config:
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown config field(s): {', '.join(sorted(unknown))}")
+        # A profile's split sizes are upper bounds ("up to 20 test variations"): a task with fewer gets all it has,
+        # and the config says so. A size the caller asks for is checked as given (`validate_split_sizes`).
+        from empo2.envs import split_sizes
+
+        sizes = split_sizes(env, overrides.get("task", values.get("task", cls.task)))
+        evaluates_only = overrides.get("method", values.get("method", cls.method)) == "naive"
+        for name, size in zip(SPLIT_FIELDS, sizes or ()):
+            if name not in overrides and not (evaluates_only and name == "n_train_variations"):
+                values[name] = min(values.get(name, getattr(cls, name)), size)
         values.update(overrides)
         return cls(**values)
 

@@ -28,8 +28,52 @@ import time
 from pathlib import Path
 
 from empo2 import ROOT
+from empo2.config import PROFILES
+from empo2.envs.scienceworld import TASK_NAMES
 
 NOTEBOOKS = ROOT / "notebooks"
+
+PARAMETER_CHOICES: dict[str, tuple[str, ...]] = {"profile": PROFILES, "part2_profile": PROFILES, "task": TASK_NAMES,
+                                                 "target_task": TASK_NAMES}
+"""The values a notebook parameter of each of these names may take (the notebooks that have `task` are ScienceWorld
+lessons)."""
+
+
+def check_parameters(namespace: dict) -> None:
+    """Stop a notebook whose parameters cannot run, with a one-line ValueError naming the parameter and what is
+    allowed: a name papermill passed that the notebook's `parameters` cell does not define (papermill itself only
+    warns, and the run would go on with the default), a value of another type than that cell's default, or a
+    profile or ScienceWorld task that does not exist (`PARAMETER_CHOICES`).
+
+    Every notebook calls it first thing after its parameters cell, with `globals()`. Papermill runs its injected
+    cell (it starts with "# Parameters") right after the parameters cell, and the kernel's input history `In`
+    holds both cells' text; in JupyterLab there is no injected cell and only the values are checked.
+    """
+    history = namespace.get("In", [])
+    injected = next((i for i in range(len(history) - 1, 0, -1) if history[i].startswith("# Parameters\n")), None)
+    if injected is not None:
+        defaults, given = _assignments(history[injected - 1]), _assignments(history[injected])
+        unknown = sorted(set(given) - set(defaults))
+        if unknown:
+            raise ValueError(f"unknown notebook parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                             f"this notebook takes {', '.join(defaults)}")
+        for name, value in given.items():
+            default = defaults[name]
+            kinds = (int, float) if type(default) is float else (type(default),)
+            if type(value) not in kinds:
+                raise ValueError(f"{name}: {value!r} is not allowed; need {type(default).__name__} like its default "
+                                 f"{default!r}")
+    for name, allowed in PARAMETER_CHOICES.items():
+        if name in namespace and namespace[name] not in allowed:
+            raise ValueError(f"{name}: {namespace[name]!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+def _assignments(cell: str) -> dict:
+    """The names a cell of plain `name = literal` lines assigns, with their values, in order."""
+    import ast
+
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in ast.parse(cell).body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
 
 
 def notebook_paths(only: list[str] | None = None) -> list[Path]:

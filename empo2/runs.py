@@ -91,7 +91,8 @@ KEEP_CHECKPOINTS = 2
 
 
 class RunError(Exception):
-    """A run folder cannot be used as asked (found before anything slow starts)."""
+    """A run cannot start as asked: its folder, or the variations its config asks of its environment (found
+    before it writes or plays anything)."""
 
 
 class RunExists(RunError, FileExistsError):
@@ -192,16 +193,18 @@ class RunFolder:
             if self.writes:
                 shutil.rmtree(self.path)
             return None
-        how = "resume it with --resume (resume=True) or replace it with --overwrite (overwrite=True)"
-        if not resume:
-            raise RunExists(f"{self.path} already holds a run ({self.describe()}); {how}")
         saved = json.loads((self.path / "config.json").read_text())["config"] if (
             self.path / "config.json").exists() else {}
         differ = config_differences(saved, cfg)
-        if differ:
-            raise RunExists(f"{self.path} holds a run of another config ({', '.join(differ[:6])} differ); "
-                            "replace it with --overwrite (overwrite=True, force=True) or name another "
-                            "--experiment / run_name")
+        if differ:  # another run: resuming would mix the two, overwriting would delete the one there
+            shown = "; ".join(f"{name} {saved.get(name)!r} there, {getattr(cfg, name, None)!r} asked"
+                              for name in differ[:3]) + ("; ..." if len(differ) > 3 else "")
+            raise RunExists(f"{self.path} holds a run of another config ({shown}); keep both by giving this one "
+                            "its own folder with --experiment NAME (experiment=...) or --set run_name=NAME, or "
+                            "delete that run with --overwrite (overwrite=True, force=True)")
+        if not resume:
+            raise RunExists(f"{self.path} already holds this run ({self.describe()}); resume it with --resume "
+                            "(resume=True) or replace it with --overwrite (overwrite=True)")
         checkpoint = self.latest_checkpoint()
         if checkpoint is None and (self.finished or (self.path / FINAL_WEIGHTS).exists()):
             raise RunExists(f"{self.path} holds a finished run ({self.describe()}) without the checkpoint a resume "

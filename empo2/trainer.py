@@ -85,6 +85,9 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.sampling_rng = torch.Generator().manual_seed(cfg.seed)
 
+        self.envs = self.environments()  # before the model: a game that cannot start stops the run sooner
+        self.train_variations = list(self.envs[0].train_variations)[: cfg.n_train_variations]
+        self.test_variations = list(self.envs[0].test_variations)[: cfg.eval_variations or cfg.n_test_variations]
         self.full_finetune = cfg.trains_weights and cfg.lora_rank == 0
         self.model, self.tokenizer = load_policy(
             cfg.model, lora_rank=cfg.lora_rank if cfg.trains_weights or initial_weights else 0, lora_alpha=cfg.lora_alpha,
@@ -106,10 +109,6 @@ class Trainer:
                                 similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
         self.novelty = NoveltyStore(dim=dim, similarity_threshold=cfg.novelty_threshold,
                                     coefficient=cfg.intrinsic_coef)
-        self.envs = [env_from_config(cfg) for _ in range(cfg.group_size)]
-        # ScienceWorldTask already cuts its splits to n_train / n_test; the other environments are cut here.
-        self.train_variations = list(self.envs[0].train_variations)[: cfg.n_train_variations]
-        self.test_variations = list(self.envs[0].test_variations)[: cfg.eval_variations or cfg.n_test_variations]
         self.roller = Roller.from_config(cfg, self.model, self.tokenizer, embedder=self.embedder, memory=self.memory,
                                          novelty=self.novelty, sampling_rng=self.sampling_rng)
         # The weights' dtype follows the machine (models.default_dtype), not the config: saved beside it.
@@ -117,6 +116,26 @@ class Trainer:
                           fresh=checkpoint is None)
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
+
+    def environments(self) -> list:
+        """The group's environments. The config's split sizes were checked where they are known without an
+        environment; here the rest (WebShop's depend on its data), before the folder is written, so that a run
+        plays exactly what its config says. On any error no environment is left running."""
+        cfg, envs = self.cfg, []
+        try:
+            for _ in range(cfg.group_size):
+                envs.append(env_from_config(cfg))
+            sizes = {"n_train_variations": ("training", len(envs[0].train_variations)),
+                     "n_test_variations": ("test", len(envs[0].test_variations))}
+            for name, (split, size) in sizes.items():
+                if getattr(cfg, name) > size and (name == "n_test_variations" or cfg.plays_training_episodes):
+                    raise RunError(f"{name}: {getattr(cfg, name)} is more than the {split} split of {cfg.env} "
+                                   f"holds ({size} variations); allowed 1..{size}")
+        except BaseException:
+            for env in envs:
+                env.close()
+            raise
+        return envs
 
     def precision(self):
         """bf16 autocast for full fine-tuning (float32 master weights) where bf16 is fast; LoRA runs need none."""

@@ -75,8 +75,8 @@ def test_eval_writes_beside_the_run_keeps_every_row_and_plays_its_final_weights(
 def test_a_second_train_refuses_before_loading_anything_and_changes_nothing(cli_run, capsys):
     results, folder = cli_run
     before = _files(folder)
-    for more, expected in (((), "--resume"), (("--set", "iterations=1"), "--overwrite"),
-                           (("--resume", "--set", "iterations=1"), "another config (iterations differ)")):
+    for more, expected in (((), "already holds this run"), (("--set", "iterations=1"), "--experiment NAME"),
+                           (("--resume", "--set", "iterations=1"), "another config (iterations 2 there, 1 asked)")):
         with pytest.raises(SystemExit) as refused:
             main(_train_args(results, *more))
         message = str(refused.value)
@@ -99,7 +99,7 @@ def test_a_notebook_run_over_a_run_of_another_config_is_refused_not_deleted(cli_
     results, folder = cli_run
     before = _files(folder)
     other = EMPO2Config.from_dict({**suite.main_run("ci", "empo2", str(results)).to_dict(), "lr": 5e-4})
-    with pytest.raises(FileExistsError, match="lr differ"):
+    with pytest.raises(FileExistsError, match="lr 0.0001 there, 0.0005 asked"):
         experiments.run(other, show_progress=False)
     assert _files(folder) == before
 

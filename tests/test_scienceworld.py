@@ -11,11 +11,13 @@ import signal
 import time
 
 import pytest
+from scienceworld import ScienceWorldEnv
 
 from empo2.envs import make_env
 from empo2.envs.scienceworld import (
     DEFAULT_MAX_STEPS,
     META_ACTIONS,
+    SPLIT_SIZES,
     ScienceWorldTask,
     default_max_steps,
     list_tasks,
@@ -107,6 +109,20 @@ def test_load_that_keeps_timing_out_raises_timeout_error_and_leaves_no_jvm():
 
 def test_task_names_match_the_simulator(power):
     assert power.simulator_task_names() == list_tasks()
+
+
+def test_split_sizes_are_the_simulators():
+    """SPLIT_SIZES, which config validation reads without a JVM, is what the simulator lists for each task."""
+    sim = ScienceWorldEnv("", envStepLimit=100)
+    try:
+        listed = {}
+        for task in sim.get_task_names():
+            sim.load(task, 0, "easy")
+            listed[task] = (len(sim.get_variations_train()), len(sim.get_variations_dev()),
+                            len(sim.get_variations_test()))
+    finally:
+        sim.close()
+    assert listed == SPLIT_SIZES
 
 
 def test_splits_and_bad_variation(power):

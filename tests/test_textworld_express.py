@@ -13,7 +13,9 @@ from empo2 import experiments, lessons
 from empo2.config import EMPO2Config
 from empo2.envs import make_env
 from empo2.envs.jvm import running_jvm_pids
-from empo2.envs.textworld_express import ACTION_TEMPLATES, DEFAULT_PARAMS, GAME_NAMES, TextWorldExpressGame
+from empo2.envs import GameError
+from empo2.envs.textworld_express import (ACTION_TEMPLATES, DEFAULT_PARAMS, GAME_NAMES, GAME_PARAMETERS, GAMES_PER_FOLD,
+                                          TextWorldExpressEnv, TextWorldExpressGame)
 from empo2.trainer import Trainer
 
 
@@ -31,6 +33,62 @@ def test_bad_game_name_is_a_clear_error_and_starts_no_jvm():
     assert set(running_jvm_pids()) == before
     with pytest.raises(ValueError, match="task: 'coins' is not a TextWorldExpress game; choose one of coin"):
         EMPO2Config.from_profile("laptop", env="textworld_express", task="coins")
+
+
+def test_each_games_parameters_and_folds_are_the_simulators(coin):
+    """The keys of GAME_PARAMETERS are the ones the simulator names when it refuses an unknown key; it generates a
+    game at both ends of each documented range; where it checks a range itself, one past either end is refused; a
+    value that is no integer makes it fail silently, which is why the config checks first; each fold has
+    GAMES_PER_FOLD games whatever the difficulty."""
+    sim = TextWorldExpressEnv(envStepLimit=100)
+    try:
+        for game in GAME_NAMES:
+            with pytest.raises(ValueError, match=r"Unrecognized property name \(noSuchKey\)") as refused:
+                sim.load(game, "noSuchKey=1")
+            listed = str(refused.value).split("Known properties:")[1].strip().rstrip(".").split(", ")
+            known = {key.removesuffix("None") for key in listed} - {""}  # "None", or simonsays' "..., verboseNone"
+            assert set(GAME_PARAMETERS[game]) == known, game
+            for key, (low, high) in GAME_PARAMETERS[game].items():
+                for value in (low, high):
+                    sim.load(game, f"{key}={value}")
+                    observation, infos = sim.reset(seed=0, gameFold="train")
+                    reported = sim.getGenerationProperties().get(key, value)  # simonsays reports only some keys
+                    assert reported == value and any(infos["validActions"]), (game, key, value)
+                for value in (low - 1, high + 1):  # the simulator refuses these, or the config does
+                    try:
+                        sim.load(game, f"{key}={value}")
+                    except ValueError:
+                        continue
+                    with pytest.raises(ValueError, match=f"game_params: '{key}={value}' is not allowed"):
+                        EMPO2Config.from_profile("ci", env="textworld_express", task=game, game_params=f"{key}={value}")
+            sim.load(game, "")
+            assert [len(sim.getValidSeedsTrain()), len(sim.getValidSeedsDev()), len(sim.getValidSeedsTest())] == [
+                GAMES_PER_FOLD] * 3
+        sim.load("coin", "numLocations=abc")  # accepted without a word, and then no game starts
+        observation, infos = sim.reset(seed=0, gameFold="train")
+        assert observation.startswith("ERROR") and not any(infos["validActions"])
+    finally:
+        sim.close()
+
+
+def test_a_game_that_cannot_start_is_an_error_before_any_episode():
+    """Past the config's check (a caller may build the environment directly), the environment itself refuses: the
+    simulator's own refusal, or a game that did not start, is a GameError, and no JVM is left behind."""
+    before = set(running_jvm_pids())
+    with pytest.raises(ValueError, match="game_params: 'numLocations=abc' is not allowed; numLocations of coin"):
+        TextWorldExpressGame("coin", game_params="numLocations=abc")
+    assert set(running_jvm_pids()) == before
+    with TextWorldExpressGame("coin", game_params="numLocations=4") as game:
+        game.game_params = "numLocations=abc"  # parameters the simulator cannot read, past every check
+        game._start(None, gold=False)
+        with pytest.raises(GameError, match="coin: game 0 did not start with game_params 'numLocations=abc': ERROR"):
+            game.reset(0)
+        game.game_params = "numLocations=0"
+        with pytest.raises(GameError, match="refused by the simulator: Number of locations must be"):
+            game._start(None, gold=False)
+    with pytest.raises(GameError, match="mapreader: game 0 did not start .*No locations could be found"):
+        TextWorldExpressGame("mapreader", game_params="numLocations=4")  # in range, yet its first game fails
+    assert set(running_jvm_pids()) == before
 
 
 def test_games_folds_and_bad_variation(coin):

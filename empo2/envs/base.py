@@ -20,6 +20,11 @@ from typing import Protocol, Sequence
 _WORD = re.compile(r"[a-z0-9]+")
 
 
+class GameError(ValueError):
+    """The environment cannot start its game as configured (bad parameters): no restart would help, so the run
+    stops before it plays an episode."""
+
+
 @dataclass
 class StepResult:
     """What one `step` returns."""

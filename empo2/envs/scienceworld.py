@@ -52,40 +52,41 @@ from empo2.prompts import first_turn, next_turn
 
 logger = logging.getLogger(__name__)
 
-# The 30 task names, as the simulator's `get_task_names()` lists them (checked
-# against scienceworld 1.2.3; tests/test_scienceworld.py checks it again).
-TASK_NAMES: tuple[str, ...] = (
-    "boil",
-    "change-the-state-of-matter-of",
-    "chemistry-mix",
-    "chemistry-mix-paint-secondary-color",
-    "chemistry-mix-paint-tertiary-color",
-    "find-animal",
-    "find-living-thing",
-    "find-non-living-thing",
-    "find-plant",
-    "freeze",
-    "grow-fruit",
-    "grow-plant",
-    "identify-life-stages-1",
-    "identify-life-stages-2",
-    "inclined-plane-determine-angle",
-    "inclined-plane-friction-named-surfaces",
-    "inclined-plane-friction-unnamed-surfaces",
-    "lifespan-longest-lived",
-    "lifespan-longest-lived-then-shortest-lived",
-    "lifespan-shortest-lived",
-    "measure-melting-point-known-substance",
-    "measure-melting-point-unknown-substance",
-    "melt",
-    "mendelian-genetics-known-plant",
-    "mendelian-genetics-unknown-plant",
-    "power-component",
-    "power-component-renewable-vs-nonrenewable-energy",
-    "test-conductivity",
-    "test-conductivity-of-unknown-substances",
-    "use-thermometer",
-)
+# The 30 tasks and the sizes of their train, dev and test splits (variations), as the simulator lists them
+# (scienceworld 1.2.3; tests/test_scienceworld.py asks it again): config validation reads them without a JVM.
+SPLIT_SIZES: dict[str, tuple[int, int, int]] = {
+    "boil": (14, 7, 9),
+    "change-the-state-of-matter-of": (14, 7, 9),
+    "chemistry-mix": (16, 8, 8),
+    "chemistry-mix-paint-secondary-color": (18, 9, 9),
+    "chemistry-mix-paint-tertiary-color": (18, 9, 9),
+    "find-animal": (150, 75, 75),
+    "find-living-thing": (150, 75, 75),
+    "find-non-living-thing": (150, 75, 75),
+    "find-plant": (150, 75, 75),
+    "freeze": (14, 7, 9),
+    "grow-fruit": (62, 31, 33),
+    "grow-plant": (62, 31, 33),
+    "identify-life-stages-1": (6, 3, 5),
+    "identify-life-stages-2": (4, 2, 4),
+    "inclined-plane-determine-angle": (84, 42, 42),
+    "inclined-plane-friction-named-surfaces": (692, 346, 348),
+    "inclined-plane-friction-unnamed-surfaces": (80, 40, 42),
+    "lifespan-longest-lived": (62, 31, 32),
+    "lifespan-longest-lived-then-shortest-lived": (62, 31, 32),
+    "lifespan-shortest-lived": (62, 31, 32),
+    "measure-melting-point-known-substance": (218, 109, 109),
+    "measure-melting-point-unknown-substance": (150, 75, 75),
+    "melt": (14, 7, 9),
+    "mendelian-genetics-known-plant": (60, 30, 30),
+    "mendelian-genetics-unknown-plant": (240, 120, 120),
+    "power-component": (10, 5, 5),
+    "power-component-renewable-vs-nonrenewable-energy": (10, 5, 5),
+    "test-conductivity": (450, 225, 225),
+    "test-conductivity-of-unknown-substances": (300, 150, 150),
+    "use-thermometer": (270, 135, 135),
+}
+TASK_NAMES: tuple[str, ...] = tuple(SPLIT_SIZES)
 
 # Episode length per task (the released code's table). Exact names,
 # not prefixes: "chemistry-mix" is 60 but "chemistry-mix-paint-*" are 30.

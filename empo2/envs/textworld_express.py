@@ -31,10 +31,11 @@ from __future__ import annotations
 import time
 
 import textworld_express.textworld_express as _twx_module
+from py4j.protocol import Py4JJavaError
 from textworld_express import TextWorldExpressEnv
 
 from empo2.envs import jvm
-from empo2.envs.base import StepResult
+from empo2.envs.base import GameError, StepResult
 from empo2.prompts import first_turn, next_turn
 
 GAME_NAMES: tuple[str, ...] = ("coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting",
@@ -45,6 +46,50 @@ DEFAULT_PARAMS: dict[str, str] = {
     "coin": "numLocations=5,numDistractorItems=0,includeDoors=1,limitInventorySize=0",
 }
 """Each game's parameters when `game_params` is empty (games not listed: the package's defaults)."""
+
+_ROOMS, _SWITCH = "numLocations", (0, 1)
+GAME_PARAMETERS: dict[str, dict[str, tuple[int, int]]] = {
+    "coin": {_ROOMS: (1, 11), "numDistractorItems": (0, 10), "includeDoors": _SWITCH, "limitInventorySize": _SWITCH},
+    "cookingworld": {_ROOMS: (1, 11), "numIngredients": (1, 5), "numDistractorItems": (0, 10),
+                     "includeDoors": _SWITCH, "limitInventorySize": _SWITCH},
+    "twc": {_ROOMS: (1, 3), "numItemsToPutAway": (1, 4), "includeDoors": _SWITCH, "limitInventorySize": _SWITCH},
+    "mapreader": {_ROOMS: (2, 48), "maxDistanceApart": (1, 8), "maxDistractorItemsPerLocation": (0, 3),
+                  "includeDoors": _SWITCH, "limitInventorySize": _SWITCH},
+    "simonsays": {"gameLength": (1, 1000), "numDistractors": (0, 5), "memorization": _SWITCH, "verbose": _SWITCH},
+    "arithmetic": {}, "sorting": {}, "peckingorder": {},
+}
+"""Each game's parameters and their allowed integer ranges, both ends included: the keys are the ones the
+simulator knows (it names them when it refuses an unknown one), the ranges the ones textworld-express 1.1.0
+documents, narrowed where its simulator generates no game (twc takes at most 4 items; mapreader's first game
+needs 2 to 48 locations); tests/test_textworld_express.py asks the simulator. It checks some ranges itself, and
+reads a value that is not an integer as a failed load (every later game is an error message) and a switch of 2
+as 0. Some combinations still generate no game for some seeds (mapreader with few locations): that game's
+reset is a GameError."""
+
+GAMES_PER_FOLD = 1000
+"""Game seeds in each of a game's train, dev and test folds (the same for every game and difficulty; the tests
+ask the simulator)."""
+
+
+def parse_game_params(game: str, text: str) -> dict[str, int]:
+    """The parameters `text` ("numLocations=4, includeDoors=1") sets for `game`, checked against
+    `GAME_PARAMETERS`; a ValueError naming the field, the bad key or value and the allowed ones otherwise."""
+    allowed = GAME_PARAMETERS[game]
+    choices = ", ".join(f"{key} {low}..{high}" for key, (low, high) in allowed.items()) or "none"
+    values = {}
+    for item in (piece.strip() for piece in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if key not in allowed:
+            raise ValueError(f"game_params: {key!r} is not a parameter of {game}; allowed: {choices}")
+        if key in values:
+            raise ValueError(f"game_params: {key} is given twice in {text!r}")
+        low, high = allowed[key]
+        if not sep or not value.lstrip("-").isdigit() or not low <= int(value) <= high:
+            raise ValueError(f"game_params: {item!r} is not allowed; {key} of {game} takes an integer in {low}..{high}")
+        values[key] = int(value)
+    return values
 
 ACTION_TEMPLATES: dict[str, str] = {
     "coin": "move DIRECTION, open door to DIRECTION, close door to DIRECTION, take OBJECT, look around, inventory "
@@ -80,14 +125,17 @@ class TextWorldExpressGame(jvm.JvmOwner):
             raise ValueError(f"textworld_express: unknown game {game!r}; allowed: {', '.join(GAME_NAMES)}")
         self.task_name = game
         self.game_params = game_params or DEFAULT_PARAMS.get(game, "")
+        parse_game_params(game, self.game_params)
         self.max_steps = int(max_steps) if max_steps else DEFAULT_MAX_STEPS
         self.javaopts = [f"-Xmx{jvm_heap}"] if jvm_heap else []
         self._own(f"textworld_express {game}", load_timeout_s, step_timeout_s)
 
         def read_folds():
             sim = self._sim
-            return self._call(lambda: (list(sim.getValidSeedsTrain()), list(sim.getValidSeedsDev()),
-                                       list(sim.getValidSeedsTest())), self.load_timeout_s, "fold lookup")
+            folds = self._call(lambda: (list(sim.getValidSeedsTrain()), list(sim.getValidSeedsDev()),
+                                        list(sim.getValidSeedsTest())), self.load_timeout_s, "fold lookup")
+            self._generate(folds[0][0], "train")  # a game that does not start is an error here, before any episode
+            return folds
 
         folds = self._open(variation=None, then=read_folds)
         self._folds = dict(zip(("train", "dev", "test"), (frozenset(seeds) for seeds in folds)))
@@ -111,7 +159,11 @@ class TextWorldExpressGame(jvm.JvmOwner):
                                            self.load_timeout_s, "TextWorldExpress")
         sim = self._sim
         remaining = max(1.0, self.load_timeout_s - (time.monotonic() - started))
-        self._call(lambda: sim.load(self.task_name, self.game_params), remaining, "load")
+        try:
+            self._call(lambda: sim.load(self.task_name, self.game_params), remaining, "load")
+        except ValueError as error:  # the simulator refused the parameters: no restart will change that
+            raise GameError(f"textworld_express {self.task_name}: game_params {self.game_params!r} refused by "
+                            f"the simulator: {str(error).strip()}") from None
 
     # ------------------------------------------------------------ episodes
 
@@ -135,13 +187,25 @@ class TextWorldExpressGame(jvm.JvmOwner):
         }
 
     def _reset_loaded(self, variation: int) -> tuple[str, dict]:
-        sim, fold = self._sim, self._fold(variation)
-        observation, raw = self._call(lambda: sim.reset(seed=variation, gameFold=fold, generateGoldPath=False),
-                                      self.step_timeout_s, "reset")
+        observation, raw = self._generate(variation, self._fold(variation))
         self._variation, self._steps, self._score = variation, 0, 0.0
         self._state = self._snapshot(raw)
         self._episode_live = True
         return observation, {**self._state, "score": 0.0, "variation": variation, "env_restarted": False}
+
+    def _generate(self, variation: int, fold: str) -> tuple[str, dict]:
+        """The first observation and infos of game `variation`; GameError where the simulator generates no game
+        (a Java exception while generating, or an error message and no action after a load it did not report)."""
+        sim = self._sim
+        try:
+            observation, raw = self._call(lambda: sim.reset(seed=variation, gameFold=fold, generateGoldPath=False),
+                                          self.step_timeout_s, "reset")
+        except Py4JJavaError as error:  # the same parameters and seed would fail again in a fresh JVM
+            observation, raw = f"ERROR: {error.java_exception.getMessage()}", {"validActions": []}
+        if observation.startswith("ERROR") or not any(action.strip() for action in raw["validActions"]):
+            raise GameError(f"textworld_express {self.task_name}: game {variation} did not start with game_params "
+                            f"{self.game_params!r}: {' '.join(observation.split())[:160]}")
+        return observation, raw
 
     def reset(self, variation: int) -> tuple[str, dict]:
         """Generate the game of seed `variation` and start an episode (observation = look around)."""
