@@ -118,3 +118,16 @@ def episode_logprobs(model, episode: Episode, *, with_tips: bool, packed: bool =
 def tokens_processed(episode: Episode, *, with_tips: bool, packed: bool) -> int:
     """How many tokens the forward pass(es) of `episode_logprobs` read."""
     return sum(len(ids) for ids, _ in forward_passes(episode, with_tips=with_tips, packed=packed))
+
+
+def context_tokens(episode: Episode) -> dict[str, int]:
+    """The tokens `episode` carries in context, as a packed pass over its behaviour context reads them (one pass
+    per turn where the conversation is not append-only): all of them ("context"), split into its actions
+    ("response"), the tips shown ("tips") and the rest ("prompt": system prompt, task, observations); and the
+    tip it wrote afterwards ("tip_written"), which is generated, not read again by the update."""
+    context = tokens_processed(episode, with_tips=True, packed=True)
+    tips = context - tokens_processed(episode, with_tips=False, packed=True)
+    response = sum(len(turn.response_ids) for turn in episode.turns)
+    return {"context": context, "prompt": context - response - tips, "response": response, "tips": tips,
+            "tip_written": len(episode.tip_ids)}
+

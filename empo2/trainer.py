@@ -280,6 +280,7 @@ class Trainer:
             "memory/size": len(self.memory),
             "memory/added": tips_added,
             "novelty/states": len(self.novelty),
+            **token_totals(rows),
         }
         for name in MODE_NAMES.values():
             chosen = [r["score"] for r in rows if r["mode"] == name]
@@ -315,7 +316,8 @@ class Trainer:
         return {"eval/score": float(scores.mean()), "eval/score_std": float(scores.std()),
                 "eval/score_low": low, "eval/score_high": high,
                 "eval/success": float(np.mean([r["success"] for r in rows])),
-                "eval/episodes": len(rows), "time/evaluation": time.perf_counter() - started}
+                "eval/episodes": len(rows), **token_totals(rows, prefix="eval/tokens"),
+                "time/evaluation": time.perf_counter() - started}
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path | None:
@@ -371,6 +373,12 @@ class Trainer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def token_totals(rows: list[dict], prefix: str = "tokens") -> dict[str, int]:
+    """The tokens the episodes of `rows` carried in context, summed by kind (`logprobs.context_tokens`):
+    "tokens/context", "tokens/prompt", "tokens/response", "tokens/tips", "tokens/tip_written"."""
+    return {f"{prefix}/{kind}": sum(row["tokens"][kind] for row in rows) for kind in rows[0]["tokens"]} if rows else {}
 
 
 def evaluate_run(cfg: EMPO2Config, *, show_progress: bool = True) -> tuple[dict, Path]:

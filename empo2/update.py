@@ -208,20 +208,26 @@ class PolicyUpdate:
 
     def tokens_read(self, episodes: list[Episode | None], needs_pass: list[bool],
                     old_from_first_pass: set[int]) -> dict[str, float]:
-        """Accounting for the benchmark: tokens the update's forward passes read per token of the trajectories
-        it trains on (the gradient passes of every epoch, θ_old's no-grad passes, the reference policy's)."""
+        """The tokens the update's forward passes read: with a gradient (every epoch's) and without (θ_old's, the
+        reference policy's), and all of them per token of the trajectories it trains on."""
         read = lambda e, with_tips: tokens_processed(e, with_tips=with_tips, packed=self.cfg.packed_logprobs)  # noqa: E731
-        trajectory, total = 0, 0
+        trajectory, with_gradient, without = 0, 0, 0
         for i, episode in enumerate(episodes):
             if not needs_pass[i]:
                 continue
             trained = read(episode, episode.trained_with_tips)
             trajectory += trained
-            total += ((self.cfg.ppo_epochs + (self.cfg.kl_beta > 0)) * trained
-                      + (i not in old_from_first_pass) * read(episode, episode.sampled_with_tips))
-        counts = self.processes.add_up({"total": torch.tensor(total, dtype=torch.float64, device=self.device),
-                                        "trajectory": torch.tensor(trajectory, dtype=torch.float64, device=self.device)})
-        return {"update/tokens_read_per_trajectory_token": float(counts["total"]) / max(1.0, float(counts["trajectory"]))}
+            with_gradient += self.cfg.ppo_epochs * trained
+            without += ((self.cfg.kl_beta > 0) * trained
+                        + (i not in old_from_first_pass) * read(episode, episode.sampled_with_tips))
+        counts = self.processes.add_up({name: torch.tensor(value, dtype=torch.float64, device=self.device) for name, value
+                                        in (("trajectory", trajectory), ("with_gradient", with_gradient),
+                                            ("without", without))})
+        counts = {name: float(value) for name, value in counts.items()}
+        return {"update/tokens_read_with_gradient": counts["with_gradient"],
+                "update/tokens_read_without_gradient": counts["without"],
+                "update/tokens_read_per_trajectory_token":
+                    (counts["with_gradient"] + counts["without"]) / max(1.0, counts["trajectory"])}
 
     def logprobs(self, episode: Episode, with_tips: bool, model=None) -> torch.Tensor:
         """(T,) float32 log-probs of the episode's action tokens in one context, with the sampling temperature,

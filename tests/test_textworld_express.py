@@ -196,6 +196,21 @@ def test_ci_training_on_the_real_game(tmp_path, capsys):
     tips = [json.loads(line) for line in (cfg.run_dir / "tips.jsonl").read_text().splitlines()]
     assert tips and all(t["tip"].startswith("Helpful:") and not t["tip_cut"] for t in tips)
     assert (cfg.run_dir / "summary.json").exists()
+    # The tokens each episode carried, and each iteration's totals of them (what the cost is held against).
+    for row in episodes:
+        tokens = row["tokens"]
+        assert tokens["context"] == tokens["prompt"] + tokens["response"] + tokens["tips"]
+        assert tokens["response"] >= row["steps"] and tokens["tip_written"] == len(row["tip_ids"])
+        assert (tokens["tips"] > 0) == (row["tips_shown"] > 0)  # evaluation plays without memory: no tips
+    metrics = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in metrics:
+        played = [e for e in episodes if e["phase"] == "train" and e["iteration"] == row["iteration"]]
+        assert row["tokens/context"] == sum(e["tokens"]["context"] for e in played) > 0
+        assert row["tokens/tips"] == sum(e["tokens"]["tips"] for e in played)
+        if "update/skipped" not in row:
+            assert row["update/tokens_read_with_gradient"] >= min(e["tokens"]["context"] - e["tokens"]["tips"]
+                                                                  for e in played)
+    assert last["eval/tokens/context"] == sum(e["tokens"]["context"] for e in episodes if e["phase"] == "eval")
 
     records = {p: p.read_bytes() for p in cfg.run_dir.iterdir() if p.is_file()}
     more = dataclasses.replace(cfg, n_test_variations=2 * cfg.n_test_variations)
