@@ -97,6 +97,8 @@ class Turn:
     intrinsic_reward: float = 0.0
     state_embedding: np.ndarray | None = field(default=None, repr=False)
     """Embedding of `state_text` when the rollout computed one (reused as the memory key)."""
+    behaviour_entropies: list[float | None] = field(default_factory=list)
+    """The sampler's entropy (nats) at each response token, over the allowed ids (None: not reported)."""
 
     def allowed_sets(self) -> list[tuple[int, ...] | None]:
         """Per response token: the ids allowed when it was sampled (None: any token)."""
@@ -165,3 +167,12 @@ class Episode:
     def decision_count(self) -> int:
         """Action tokens the policy chose: the loss's token count for this episode."""
         return sum(self.decision_mask())
+
+    def decision_entropy(self) -> float | None:
+        """The mean entropy of the sampling distribution at the policy's decision tokens (forced tokens, whose
+        entropy is 0, left out): how undecided the behaviour policy was. None where it was not reported."""
+        values = [entropy for turn in self.turns for entropy, decision in zip(turn.behaviour_entropies,
+                                                                             turn.decision_mask()) if decision]
+        if not values or any(value is None for value in values):
+            return None
+        return float(np.mean(values))

@@ -39,7 +39,7 @@ Three cache layouts (`layout`), all computing the same thing:
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -241,13 +241,14 @@ class GroupGenerator:
         return (real if self.layout == "ragged" else self.mask.numel()), real
 
     def _sample(self, logits: torch.Tensor, allowed: list[tuple[int, ...] | None]
-                ) -> tuple[list[int], list[float]]:
-        """(rows, vocab) -> one sampled id per row and its log-prob under the sampling distribution.
+                ) -> tuple[list[int], list[float], list[float]]:
+        """(rows, vocab) -> one sampled id per row, its log-prob under the sampling distribution, and that
+        distribution's entropy.
 
         Row r samples only among `allowed[r]` (None: the whole vocabulary), renormalised.
         Constrained rows work on their allowed logits alone: no vocabulary-wide mask.
         """
-        tokens, logprobs = [], []
+        tokens, logprobs, entropies = [], [], []
         for row, choices in enumerate(allowed):
             index = None if choices is None else torch.tensor(choices, device=logits.device)  # (k,)
             scores = logits[row] if index is None else logits[row, index]  # (vocab,) or (k,)
@@ -262,7 +263,8 @@ class GroupGenerator:
                 pick = int(torch.multinomial(probs, 1, generator=self.sampling_rng))
             tokens.append(pick if index is None else choices[pick])
             logprobs.append(float(row_logprobs[pick]))
-        return tokens, logprobs
+            entropies.append(float(-(row_logprobs.exp() * row_logprobs).nansum()))  # 0 · log 0 counts 0
+        return tokens, logprobs, entropies
 
     @torch.no_grad()
     def generate(self, prompts: dict[int, list[int]], max_new_tokens: dict[int, int] | int,
@@ -311,10 +313,10 @@ class GroupGenerator:
             logits = self._feed({slot: chunks[slot] for slot in active})
             rows = [row_of[slot] for slot in sorted(active)]
             allowed = [cursors[slot].allowed() if slot in cursors else None for slot in sorted(active)]
-            tokens, logprobs = self._sample(logits[rows], allowed)
-            for slot, token, logprob, choices in zip(sorted(active), tokens, logprobs, allowed):
+            tokens, logprobs, entropies = self._sample(logits[rows], allowed)
+            for slot, token, logprob, choices, entropy in zip(sorted(active), tokens, logprobs, allowed, entropies):
                 response, cursor = responses[slot], cursors.get(slot)
-                response.append(token, logprob, choices)
+                response.append(token, logprob, choices, entropy)
                 if cursor is not None:
                     cursor.advance(token)
                     done = cursor.done
@@ -478,16 +480,21 @@ AttentionInterface.register(RAGGED_ATTENTION, ragged_attention)
 
 @dataclass
 class Response:
-    """One sampled response: token ids, their log-probs, and the allowed set at each position."""
+    """One sampled response: token ids, their log-probs, the allowed set at each position, and the entropy of
+    the distribution each was sampled from."""
 
     ids: list[int]
     logprobs: list[float]
     allowed: list[tuple[int, ...] | None] | None
     """Per token: the ids that were allowed there (None: any); None for a free-text response."""
+    entropies: list[float | None] = field(default_factory=list)
+    """Per token: the entropy (nats) of the sampling distribution, over the allowed ids and at the sampling
+    temperature (0 for a forced token; None where the sampler does not report it, as vLLM's)."""
 
-    def append(self, token: int, logprob: float, allowed: tuple[int, ...] | None) -> None:
+    def append(self, token: int, logprob: float, allowed: tuple[int, ...] | None, entropy: float | None = None) -> None:
         self.ids.append(token)
         self.logprobs.append(logprob)
+        self.entropies.append(entropy)
         if self.allowed is not None:
             self.allowed.append(allowed)
 
@@ -500,7 +507,7 @@ def append_forced(response: "Response", cursor: Cursor | None) -> bool:
         token = cursor.forced()
         if token is None:
             return False
-        response.append(token, 0.0, (token,))
+        response.append(token, 0.0, (token,), 0.0)
         cursor.advance(token)
     return True
 

@@ -342,6 +342,7 @@ def _record_turn(episode: Episode, rendered, response, result, tips_shown: list[
     episode.turns.append(Turn(
         prompt_ids=rendered.ids(with_tips=True), prompt_ids_tip_free=rendered.ids(with_tips=False),
         response_ids=response.ids, behaviour_logprobs=response.logprobs, response_allowed=response.allowed,
+        behaviour_entropies=response.entropies,
         raw_action=result.info.get("raw_action", ""), executed_action=result.info.get("executed_action") or "",
         observation=result.observation, reward=result.reward, score=result.score,
         tips_shown=tips_shown, state_text=state_text, state_embedding=state_embedding,

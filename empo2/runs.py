@@ -81,6 +81,7 @@ def episode_row(episode, iteration: int, phase: str, advantage: float | None = N
         "raw_actions": [turn.raw_action for turn in episode.turns],
         "tips_shown": sum(len(turn.tips_shown) for turn in episode.turns), "tip": episode.tip,
         "tip_ids": episode.tip_ids, "tip_cut": episode.tip_cut, "tokens": context_tokens(episode),
+        "decisions": episode.decision_count(), "entropy": episode.decision_entropy(),
     }
 
 

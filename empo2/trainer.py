@@ -268,8 +268,10 @@ class Trainer:
         return rows
 
     def iteration_metrics(self, rows: list[dict], tips_added: int) -> dict:
-        """Training scores overall and per mode, and the stores' sizes."""
+        """Training scores overall and per mode, the policy's entropy at its decisions overall and per mode, the
+        share of groups that carry a learning signal, the stores' sizes and the tokens played."""
         scores = np.array([r["score"] for r in rows])
+        groups = [rows[start : start + self.cfg.group_size] for start in range(0, len(rows), self.cfg.group_size)]
         metrics = {
             "iteration": self.iteration,
             "train/score": float(scores.mean()),
@@ -280,13 +282,19 @@ class Trainer:
             "memory/size": len(self.memory),
             "memory/added": tips_added,
             "novelty/states": len(self.novelty),
+            # A group whose advantages are all 0 gives no policy gradient: GRPO's skipped updates. With the
+            # novelty bonus, returns differ where scores do not.
+            "train/groups_with_signal": float(np.mean([any(r["advantage"] != 0 for r in g) for g in groups])),
+            "train/groups_with_score_signal": float(np.mean([len({r["score"] for r in g}) > 1 for g in groups])),
             **token_totals(rows),
+            **decision_entropy(rows, "train/entropy"),
         }
         for name in MODE_NAMES.values():
-            chosen = [r["score"] for r in rows if r["mode"] == name]
+            chosen = [r for r in rows if r["mode"] == name]
             metrics[f"train/episodes/{name}"] = len(chosen)
             if chosen:
-                metrics[f"train/score/{name}"] = float(np.mean(chosen))
+                metrics[f"train/score/{name}"] = float(np.mean([r["score"] for r in chosen]))
+                metrics.update(decision_entropy(chosen, f"train/entropy/{name}"))
         return metrics
 
     # ------------------------------------------------------------------ evaluation
@@ -317,6 +325,7 @@ class Trainer:
                 "eval/score_low": low, "eval/score_high": high,
                 "eval/success": float(np.mean([r["success"] for r in rows])),
                 "eval/episodes": len(rows), **token_totals(rows, prefix="eval/tokens"),
+                **decision_entropy(rows, "eval/entropy"),
                 "time/evaluation": time.perf_counter() - started}
 
     # ------------------------------------------------------------------ checkpoints
@@ -373,6 +382,15 @@ class Trainer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def decision_entropy(rows: list[dict], name: str) -> dict[str, float]:
+    """{name: the mean entropy of the sampling distribution over every decision token of `rows`' episodes}, or {}
+    where the sampler did not report it."""
+    reported = [(r["entropy"], r["decisions"]) for r in rows if r["entropy"] is not None and r["decisions"]]
+    if not reported:
+        return {}
+    return {name: float(sum(e * n for e, n in reported) / sum(n for _, n in reported))}
 
 
 def token_totals(rows: list[dict], prefix: str = "tokens") -> dict[str, int]:

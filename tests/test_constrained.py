@@ -136,6 +136,25 @@ def test_sampler_logprobs_equal_the_updates_constrained_logprobs(scienceworld_ep
         assert (tip_free <= 1e-6).all() and torch.isfinite(tip_free).all()
 
 
+def test_sampler_entropies_are_the_renormalised_distributions_entropies(scienceworld_episodes):
+    """The entropy recorded at each sampled token is that of the distribution it was drawn from: the policy's
+    next-token distribution over the allowed ids, renormalised, recomputed here from one full forward pass."""
+    model, _, episodes, _, _ = scienceworld_episodes
+    with torch.no_grad():
+        for episode in episodes:
+            turn = episode.turns[-1]  # the last turn's prompt holds every earlier turn (append-only)
+            prompt = turn.prompt_ids if episode.mode != PLAIN else turn.prompt_ids_tip_free
+            ids = prompt + turn.response_ids
+            logits = model(input_ids=torch.tensor([ids])).logits[0].float()  # (L, vocab)
+            position = len(ids) - len(turn.response_ids)
+            for k, allowed in enumerate(turn.response_allowed):
+                logprobs = logits[position + k - 1, list(allowed)].log_softmax(-1)  # (k,)
+                expected = float(-(logprobs.exp() * logprobs).sum())
+                assert abs(turn.behaviour_entropies[k] - expected) < 1e-4
+        decided = [e.decision_entropy() for e in episodes]
+        assert all(value is not None and value > 0 for value in decided)
+
+
 def test_a_forced_position_contributes_zero(scienceworld_episodes):
     from empo2.update import TokenBatch
 

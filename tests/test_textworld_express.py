@@ -211,6 +211,14 @@ def test_ci_training_on_the_real_game(tmp_path, capsys):
             assert row["update/tokens_read_with_gradient"] >= min(e["tokens"]["context"] - e["tokens"]["tips"]
                                                                   for e in played)
     assert last["eval/tokens/context"] == sum(e["tokens"]["context"] for e in episodes if e["phase"] == "eval")
+    # The policy's entropy at its decisions, and the groups that carry a learning signal (all advantages 0: none).
+    for row in metrics:
+        played = [e for e in episodes if e["phase"] == "train" and e["iteration"] == row["iteration"]]
+        assert all(e["entropy"] >= 0 for e in played)
+        weighted = sum(e["entropy"] * e["decisions"] for e in played) / sum(e["decisions"] for e in played)
+        assert row["train/entropy"] == pytest.approx(weighted)
+        assert row["train/groups_with_signal"] == float(any(e["advantage"] != 0 for e in played))
+        assert row["train/groups_with_score_signal"] == float(len({e["score"] for e in played}) > 1)
 
     records = {p: p.read_bytes() for p in cfg.run_dir.iterdir() if p.is_file()}
     more = dataclasses.replace(cfg, n_test_variations=2 * cfg.n_test_variations)
