@@ -192,9 +192,9 @@ def final_test_scores(folder: Path) -> np.ndarray:
 
 
 def score_table(folders: list[Path]) -> pd.DataFrame:
-    """Per method: mean final test score over seeds with its 95% interval (bootstrap over seeds, then
-    test episodes within a seed), success rate, seeds, test and training episodes, training time per run."""
-    from empo2.stats import seed_bootstrap_interval
+    """Per method: mean final test score over seeds with its 95% interval (a t-interval over the seeds' means;
+    over the test episodes for one seed), success rate, seeds, test and training episodes, training time per run."""
+    from empo2.stats import seed_interval
 
     by_method: dict[str, list[Path]] = {}
     for folder in folders:
@@ -202,11 +202,11 @@ def score_table(folders: list[Path]) -> pd.DataFrame:
     rows = []
     for method, chosen in by_method.items():
         scores = [final_test_scores(f) for f in chosen]
-        low, high = seed_bootstrap_interval(scores)
+        mean, low, high = seed_interval(scores)
         frames = [metrics(f) for f in chosen]
         train = [episodes(f) for f in chosen]
         rows.append({
-            "method": method, "score": float(np.mean([s.mean() for s in scores])), "95% low": low, "95% high": high,
+            "method": method, "score": mean, "95% low": low, "95% high": high,
             "success": float(np.mean(succeeded(np.concatenate(scores)))), "seeds": len(chosen),
             "test episodes": int(sum(len(s) for s in scores)),
             "training episodes per run": int(np.mean([(t["phase"] == "train").sum() for t in train])),
@@ -217,33 +217,36 @@ def score_table(folders: list[Path]) -> pd.DataFrame:
 
 
 def compare_methods(folders_a: list[Path], folders_b: list[Path]) -> dict:
-    """Difference of mean final test score, A minus B, with its 95% interval, and whether it excludes 0."""
-    from empo2.stats import seed_bootstrap_difference
+    """Difference of mean final test score, A minus B (runs of A and of B, one per seed), with its 95%
+    interval (`stats.seed_difference`), the permutation p over seeds and the verdict (`stats.verdict`,
+    neutrally worded: "above 0 outside the noise" is A above B)."""
+    from empo2.stats import permutation_p, seed_difference, verdict
 
-    difference, low, high = seed_bootstrap_difference([final_test_scores(f) for f in folders_a],
-                                                      [final_test_scores(f) for f in folders_b])
-    verdict = "A above B" if low > 0 else "A below B" if high < 0 else "within the noise"
-    return {"difference": difference, "95% low": low, "95% high": high, "verdict": verdict}
+    scores_a, scores_b = [final_test_scores(f) for f in folders_a], [final_test_scores(f) for f in folders_b]
+    difference, low, high = seed_difference(scores_a, scores_b)
+    p = permutation_p(scores_a, scores_b)
+    return {"difference": difference, "95% low": low, "95% high": high, "p": p,
+            "verdict": verdict(low, high, p, claim=False)}
 
 
 def policy_comparison(folders: dict[str, list[Path]], baseline: str) -> pd.DataFrame:
     """Per policy (label -> its runs, one per seed): mean final test score and the share of test episodes
-    that end at −100, each with its 95% interval (seeds, then episodes), and each one's difference from
-    `baseline` with its interval."""
-    from empo2.stats import seed_bootstrap_difference, seed_bootstrap_interval
+    that end at −100, each with its 95% interval (over the seeds' means), and each one's difference from
+    `baseline` with its interval and permutation p."""
+    from empo2.stats import permutation_p, seed_difference, seed_interval
 
     scores = {label: [final_test_scores(f) for f in chosen] for label, chosen in folders.items()}
     rows = []
     for label, per_seed in scores.items():
         row = {"policy": label, "seeds": len(per_seed), "test episodes": int(sum(len(s) for s in per_seed))}
         for name, values in (("score", per_seed), ("ended at −100", [failed(s) for s in per_seed])):
-            low, high = seed_bootstrap_interval(values)
-            row |= {name: float(np.mean([v.mean() for v in values])), f"{name} 95% low": low, f"{name} 95% high": high}
+            mean, low, high = seed_interval(values)
+            row |= {name: mean, f"{name} 95% low": low, f"{name} 95% high": high}
             if label != baseline:
                 base = scores[baseline] if name == "score" else [failed(s) for s in scores[baseline]]
-                difference, low, high = seed_bootstrap_difference(values, base)
+                difference, low, high = seed_difference(values, base)
                 row |= {f"{name} vs {baseline}": difference, f"{name} vs {baseline} 95% low": low,
-                        f"{name} vs {baseline} 95% high": high}
+                        f"{name} vs {baseline} 95% high": high, f"{name} vs {baseline} p": permutation_p(values, base)}
         rows.append(row)
     return pd.DataFrame(rows).set_index("policy")
 
@@ -266,20 +269,21 @@ def variant_runs(configs: dict[str, list[EMPO2Config]], force: bool = False
 
 
 def variant_table(folders: dict[str, list[Path]]) -> pd.DataFrame:
-    """One row per variant (its runs, one per seed): mean final test score with its 95% interval (seeds, then
-    test episodes resampled), mean training score, the share of training episodes that ended at −100 in the
-    first and the second half of the iterations, and how many training episodes each update mode played."""
-    from empo2.stats import seed_bootstrap_interval
+    """One row per variant (its runs, one per seed): mean final test score with its 95% interval (over the
+    seeds' means; over the test episodes for one seed), mean training score, the share of training episodes
+    that ended at −100 in the first and the second half of the iterations, and how many training episodes each
+    update mode played."""
+    from empo2.stats import seed_interval
 
     rows = []
     for label, runs in folders.items():
         scores = [final_test_scores(f) for f in runs]
-        low, high = seed_bootstrap_interval(scores)
+        mean, low, high = seed_interval(scores)
         frames = [metrics(f) for f in runs]
         first_half, second_half = (np.concatenate(half) for half in zip(*(fatal_endings_by_half(f) for f in runs)))
         modes = {f"{mode} episodes": int(sum(frame[f"train/episodes/{mode}"].sum() for frame in frames))
                  for mode in ("plain", "memory_on", "off_policy")}
-        rows.append({"variant": label, "final test score": float(np.mean([s.mean() for s in scores])),
+        rows.append({"variant": label, "final test score": mean,
                      "95% low": low, "95% high": high, "seeds": len(runs),
                      "test episodes": int(sum(len(s) for s in scores)),
                      "mean training score": float(np.mean([frame["train/score"].mean() for frame in frames])),
@@ -291,7 +295,7 @@ def variant_table(folders: dict[str, list[Path]]) -> pd.DataFrame:
 
 def plot_variants(folders: dict[str, list[Path]], title: str, name: str, results_dir: str = "results") -> None:
     """Training score against iteration, and the tip-free test score, each the mean over a variant's runs with
-    its 95% interval (runs, then episodes), one colour per variant; saved as a figure. When each run was
+    its 95% interval (over the runs' means), one colour per variant; saved as a figure. When each run was
     evaluated once (at its end), the test panel shows one point per variant instead of lines."""
     import matplotlib.pyplot as plt
 

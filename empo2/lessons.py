@@ -375,9 +375,9 @@ def searching_on_seen_and_unseen_games(configs: list[EMPO2Config], folders: list
     (method -> label) and number of training games, over its runs (one per seed; `configs` and `folders` in
     step), the share of episodes that took the coin on games whose coin lies outside the first room, among the
     tip-free training episodes of the last `last_iterations` iterations (games it trains on) and in the last
-    evaluation (held-out games), each with its 95% interval (seeds, then episodes, resampled), and the
-    difference. Indexed by (label, training games), in the order of `labels`, then fewer games first."""
-    from empo2.stats import seed_bootstrap_interval
+    evaluation (held-out games), each with its 95% interval (over the seeds' means), and the difference.
+    Indexed by (label, training games), in the order of `labels`, then fewer games first."""
+    from empo2.stats import seed_interval
 
     settings: dict[tuple[str, int], tuple[EMPO2Config, list[Path]]] = {}
     for method in labels:
@@ -397,10 +397,9 @@ def searching_on_seen_and_unseen_games(configs: list[EMPO2Config], folders: list
         row = {"label": label, "training games": n_games, "seeds": len(run_folders)}
         for name, per_run in scores.items():
             per_seed = [100 * succeeded(s).astype(float) for s in per_run]
-            low, high = seed_bootstrap_interval(per_seed)
-            means = [s.mean() for s in per_seed if len(s)]  # none where no game needs exploring (the ci game)
-            row |= {f"{name} success %": float(np.mean(means)) if means else float("nan"),
-                    f"{name} 95% low": low, f"{name} 95% high": high, f"{name} episodes": sum(map(len, per_seed))}
+            mean, low, high = seed_interval(per_seed)  # NaN where no game needs exploring (the ci game)
+            row |= {f"{name} success %": mean, f"{name} 95% low": low, f"{name} 95% high": high,
+                    f"{name} episodes": sum(map(len, per_seed))}
         rows.append(row | {"training − test": row["training success %"] - row["test success %"]})
     return pd.DataFrame(rows).set_index(["label", "training games"])
 
@@ -413,16 +412,16 @@ def test_scores_on(folders: list[Path], games: pd.Series) -> list[np.ndarray]:
 
 def scores_by_coin_room(folders_by_label: dict[str, list[Path]], in_first_room: pd.Series) -> pd.DataFrame:
     """Notebook 11: per label, the final test score on the games whose coin lies in the first room and on the
-    others (`coin_in_first_room`): mean over seeds with its 95% interval (seeds, then games, resampled)."""
-    from empo2.stats import seed_bootstrap_interval
+    others (`coin_in_first_room`): mean over seeds with its 95% interval (over the seeds' means)."""
+    from empo2.stats import seed_interval
 
     rows = []
     for label, folders in folders_by_label.items():
         for games, chosen in (("coin in the first room", in_first_room), ("coin elsewhere", ~in_first_room)):
             per_seed = test_scores_on(folders, chosen)
             if len(per_seed[0]):
-                low, high = seed_bootstrap_interval(per_seed)
-                rows.append({"games": games, "method": label, "score": float(np.mean([s.mean() for s in per_seed])),
+                mean, low, high = seed_interval(per_seed)
+                rows.append({"games": games, "method": label, "score": mean,
                              "95% low": low, "95% high": high, "test games": len(per_seed[0]), "seeds": len(folders)})
     return pd.DataFrame(rows).set_index(["games", "method"])
 
@@ -494,13 +493,14 @@ def loss_metrics(tokens: pd.DataFrame, cfg: EMPO2Config) -> pd.DataFrame:
     return pd.DataFrame(table).T
 
 
-def training_curve(folders: list[Path], resamples: int = 2000, window: int = 1, phase: str = "train",
-                   tip_free: bool = False) -> pd.DataFrame:
+def training_curve(folders: list[Path], window: int = 1, phase: str = "train", tip_free: bool = False
+                   ) -> pd.DataFrame:
     """Notebooks 04 and 11: per iteration, the mean episode score over runs (each run's mean first) and its 95%
-    interval (bootstrap over runs, then episodes). `window` > 1 pools blocks of that many iterations (indexed by
-    their last); `phase` "eval" gives the test episodes of each evaluation instead of the training ones;
-    `tip_free` keeps only the episodes played without tips (EMPO²'s plain ones; the tests are all tip-free)."""
-    from empo2.stats import seed_bootstrap_interval
+    interval (over the runs' means; over the episodes for one run). `window` > 1 pools blocks of that many
+    iterations (indexed by their last); `phase` "eval" gives the test episodes of each evaluation instead of
+    the training ones; `tip_free` keeps only the episodes played without tips (EMPO²'s plain ones; the tests
+    are all tip-free)."""
+    from empo2.stats import seed_interval
 
     frames = [read_episodes(f) for f in folders]
     frames = [tip_free_rows(f) if tip_free else f for f in frames]
@@ -509,9 +509,8 @@ def training_curve(folders: list[Path], resamples: int = 2000, window: int = 1, 
     rows = []
     for block in sorted(set().union(*[set(f["block"]) for f in played])):
         groups = [f[f["block"] == block]["score"].to_numpy() for f in played]
-        low, high = seed_bootstrap_interval(groups, resamples=resamples)
-        rows.append({"iteration": int(block), "score": float(np.mean([g.mean() for g in groups if len(g)])),
-                     "95% low": low, "95% high": high})
+        mean, low, high = seed_interval(groups)
+        rows.append({"iteration": int(block), "score": mean, "95% low": low, "95% high": high})
     return pd.DataFrame(rows).set_index("iteration")
 
 
@@ -626,11 +625,12 @@ def trial_label(first: int, last: int) -> str:
 
 def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
     """Per task and tips: mean score of the last three trials minus the first three (the last and the first
-    of fewer than six), with its two-level 95% interval (seeds, then episodes), the share of episodes with
-    a fatal ending (-100) early and late, the share of tips that name their episode's actions or objects,
-    and the share of tips cut by the budget."""
+    of fewer than six), with its 95% interval and permutation p (paired over seeds: each seed's late and
+    early trials; over the episodes for one seed), the share of episodes with a fatal ending (-100) early and
+    late, the share of tips that name their episode's actions or objects, and the share of tips cut by the
+    budget."""
     from empo2.adaptation import names_its_episode
-    from empo2.stats import seed_bootstrap_difference
+    from empo2.stats import permutation_p, seed_difference
 
     n, span = int(rows["trial"].max()), 3 if rows["trial"].max() >= 6 else 1
     early, late = (1, span), (n - span + 1, n)
@@ -639,13 +639,14 @@ def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
         per_seed = [g for _, g in chosen.groupby("seed")]
         pick = lambda g, span: g[g["trial"].between(*span)]["score"].to_numpy(float)  # noqa: E731
         fatal = lambda span: float(failed(pick(chosen, span)).mean())  # noqa: E731
-        difference, low, high = seed_bootstrap_difference([pick(g, late) for g in per_seed],
-                                                          [pick(g, early) for g in per_seed])
+        late_scores, early_scores = [pick(g, late) for g in per_seed], [pick(g, early) for g in per_seed]
+        difference, low, high = seed_difference(late_scores, early_scores, paired=True)
         named = [names_its_episode(t, a) for t, a in zip(chosen["tip"], chosen["actions"])]
         table.append({"task": task, "tips": tips, "seeds": len(per_seed), "episodes": len(chosen),
                       trial_label(*early): float(np.mean([pick(g, early).mean() for g in per_seed])),
                       trial_label(*late): float(np.mean([pick(g, late).mean() for g in per_seed])),
                       "late - early": difference, "95% low": low, "95% high": high,
+                      "p": permutation_p(late_scores, early_scores, paired=True),
                       f"fatal, {trial_label(*early)}": fatal(early), f"fatal, {trial_label(*late)}": fatal(late),
                       "tips naming their episode": float(np.mean(named)),
                       "tips cut": float(chosen["tip_cut"].mean()) if "tip_cut" in chosen else float("nan")})
@@ -654,9 +655,10 @@ def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
 
 def memory_vs_plain(folders: list[Path]) -> dict:
     """Inside training runs: rollouts sampled with tips (memory on-policy and off-policy) minus plain rollouts
-    of the same iteration (and so the same variation), paired per iteration; the mean difference over the
-    runs' iterations with a 95% interval (seeds, then iterations, resampled)."""
-    from empo2.stats import seed_bootstrap_interval
+    of the same iteration (and so the same variation), paired per iteration; the mean over runs of each run's
+    mean difference, with its 95% interval (over the runs' means; over the iterations for one run) and the p
+    of a sign-flip permutation test of the runs' means."""
+    from empo2.stats import permutation_p, seed_interval
 
     per_seed = []
     for folder in folders:
@@ -669,7 +671,7 @@ def memory_vs_plain(folders: list[Path]) -> dict:
             if len(with_tips) and len(plain):
                 differences.append(with_tips.mean() - plain.mean())
         per_seed.append(np.asarray(differences))
-    low, high = seed_bootstrap_interval(per_seed)
-    means = [d.mean() for d in per_seed if len(d)]  # none where no iteration had both kinds (a tiny ci run)
-    return {"memory - plain": float(np.mean(means)) if means else float("nan"), "95% low": low,
-            "95% high": high, "paired iterations": int(sum(len(d) for d in per_seed)), "runs": len(folders)}
+    mean, low, high = seed_interval(per_seed)  # NaN where no iteration had both kinds (a tiny ci run)
+    p = permutation_p(per_seed, [np.zeros_like(d) for d in per_seed], paired=True)  # each run's sign flipped
+    return {"memory - plain": mean, "95% low": low, "95% high": high, "p": p,
+            "paired iterations": int(sum(len(d) for d in per_seed)), "runs": len(folders)}

@@ -17,30 +17,24 @@ import pandas as pd
 
 from empo2 import experiments, paper, suite
 from empo2.episode import failed
-from empo2.stats import bootstrap_interval, seed_bootstrap_difference, seed_bootstrap_interval
+from empo2.stats import bootstrap_interval, p_text, permutation_p, seed_difference, seed_interval, verdict
 
 METHODS = {"naive": "Naive", "memory_only": "memory-only", "grpo": "GRPO", "empo2": "EMPO²"}
 
 
 def interval(value: float, low: float, high: float, *, signed: bool = False, digits: int = 1) -> str:
-    """"1.4 [0.7, 2.1]", or with `signed` "+1.4 [-0.7, +2.1]"."""
-    form = f"{{:{'+' if signed else ''}.{digits}f}}"
-    return f"{form.format(value)} [{form.format(low)}, {form.format(high)}]"
-
-
-def verdict(low: float, high: float) -> str:
-    """What a difference's 95% interval says: above 0, below 0, or within the noise."""
-    if low == high == 0:
-        return "no difference: every score equal"
-    return "above 0 outside the noise" if low > 0 else "below 0 outside the noise" if high < 0 else "within the noise"
+    """"1.4 [0.7, 2.1]", or with `signed` "+1.4 [-0.7, +2.1]"; a bound that rounds to zero reads 0.0, not -0.0."""
+    shown = lambda x: f"{{:{'+' if signed else ''}.{digits}f}}".format(round(x, digits) + 0.0)  # noqa: E731
+    return f"{shown(value)} [{shown(low)}, {shown(high)}]"
 
 
 def difference(folders_a: list[Path], folders_b: list[Path], label: str) -> str:
-    """"label +1.7 [-0.9, +7.0] (3 vs 3 seeds, within the noise)": the mean final test score of runs A minus B."""
+    """"label +1.7 [-0.9, +7.0] (3 vs 3 seeds, p = 0.40, within the noise)": the mean final test score of runs
+    A minus B, its permutation p (none for one seed each) and its verdict (`stats.verdict`, neutrally worded)."""
     c = experiments.compare_methods(folders_a, folders_b)
     seeds = f"{len(folders_a)} vs {len(folders_b)} seed{'s' if max(len(folders_a), len(folders_b)) > 1 else ''}"
     return (f"{label} {interval(c['difference'], c['95% low'], c['95% high'], signed=True)} "
-            f"({seeds}, {verdict(c['95% low'], c['95% high'])})")
+            f"({', '.join(part for part in (seeds, p_text(c['p']), c['verdict']) if part)})")
 
 
 def _finished(configs) -> list[Path] | None:
@@ -65,9 +59,10 @@ def _not_yet_run(what: str) -> str:
 
 def fatal_share_by_half(folders: list[Path]) -> dict:
     """The share of training episodes ending at −100 in the first and the second half of the iterations (means
-    over runs), and second minus first with its 95% interval (runs, then episodes, resampled)."""
+    over runs), and second minus first with its 95% interval (a paired t-interval over the runs; over the
+    episodes of a single run)."""
     first, second = zip(*(experiments.fatal_endings_by_half(folder) for folder in folders))
-    change, low, high = seed_bootstrap_difference(list(second), list(first))
+    change, low, high = seed_difference(list(second), list(first), paired=True)
     return {"first": 100 * np.mean([f.mean() for f in first]), "second": 100 * np.mean([s.mean() for s in second]),
             "change": 100 * change, "low": 100 * low, "high": 100 * high}
 
@@ -87,7 +82,7 @@ def learning_speed(empo2: list[Path], grpo: list[Path], iterations: int) -> str:
 
     def faster(span: range) -> str:
         a, b = ([experiments.tip_free_training_scores(f, span) for f in runs] for runs in (empo2, grpo))
-        return interval(*seed_bootstrap_difference(a, b), signed=True)
+        return interval(*seed_difference(a, b), signed=True)
 
     return ("- **Learning speed**, EMPO² − GRPO in the mean score of tip-free training episodes (the area under "
             "the learning curve): " + "; ".join(f"{name} {faster(span)}" for name, span in spans.items()) + ".")
@@ -152,7 +147,8 @@ def training_temperature(profile: str, results_dir: str = "results") -> str:
         text = f"{name(policy)} {interval(*column(row, 'score'))}, {100 * row['ended at −100']:.1f} % at −100"
         if policy != "untrained":
             score = column(row, "score vs untrained")
-            text += (f" (against untrained: score {interval(*score, signed=True)}, {verdict(*score[1:])}; at −100 "
+            text += (f" (against untrained: score {interval(*score, signed=True)}, "
+                     f"{verdict(*score[1:], row['score vs untrained p'], claim=False)}; at −100 "
                      f"{interval(*column(row, 'ended at −100 vs untrained', 100), signed=True)} points)")
         parts.append(text)
     extra = ""
@@ -170,8 +166,7 @@ def naive_all_tasks(profile: str, results_dir: str = "results") -> str:
     if folders is None:
         return _not_yet_run("The untrained model on the paper's tasks")
     per_task = {c.task: experiments.final_test_scores(f) for c, f in zip(configs, folders)}
-    low, high = seed_bootstrap_interval(list(per_task.values()))
-    average = np.mean([s.mean() for s in per_task.values()])
+    average, low, high = seed_interval(list(per_task.values()))  # a t-interval over the tasks' means
     zero = [t for t, s in per_task.items() if (s == 0).all()]
     fatal = sum(int(failed(s).sum()) for s in per_task.values())
     best = max(per_task, key=lambda t: per_task[t].mean())
@@ -198,7 +193,7 @@ def ood_adaptation(profile: str, results_dir: str = "results", target_task: str 
         span = 3 if n >= 6 else 1
         early = rows[rows["trial"] <= span]["score"].to_numpy(float)
         late = rows[rows["trial"] > n - span]["score"].to_numpy(float)
-        change, low, high = seed_bootstrap_difference([late], [early])
+        change, low, high = seed_difference([late], [early])  # one run: an interval over episodes
         named = np.mean([names_its_episode(t, a) for t, a in zip(rows["tip"], rows["actions"])])
         lines.append(f"- **{METHODS[method]}'s policy**, mean score of trials 1–{n}: "
                      + ", ".join(f"{v:.1f}" for v in means) + f" (mean {rows['score'].mean():.1f}); "
@@ -207,9 +202,10 @@ def ood_adaptation(profile: str, results_dir: str = "results", target_task: str 
                      f"{len(rows)} episodes ended at −100; {100 * named:.0f} % of its tips name an action or object of "
                      f"their episode.")
     empo2, grpo = (trials[m]["score"].to_numpy(float) for m in ("empo2", "grpo"))
-    change, low, high = seed_bootstrap_difference([empo2], [grpo])
+    change, low, high = seed_difference([empo2], [grpo])
+    said = verdict(low, high, permutation_p([empo2], [grpo]), claim=False)
     lines.append(f"- **EMPO² − GRPO over all trials** {interval(change, low, high, signed=True)} ({len(empo2)} vs "
-                 f"{len(grpo)} episodes, {verdict(low, high)}). The paper (Qwen2.5-7B, other task pairs): EMPO²'s "
+                 f"{len(grpo)} episodes, {said}). The paper (Qwen2.5-7B, other task pairs): EMPO²'s "
                  f"policy gains 136 % on average within 10 trials, GRPO's barely moves.")
     return "\n".join(lines)
 
@@ -420,7 +416,7 @@ def tips(profile: str, results_dir: str = "results", task: str = suite.MAIN_TASK
                          f"{int(r['episodes'])} episodes): {early} {r[early]:.1f}, "
                          f"{late} {r[late]:.1f}, late − early "
                          f"{interval(r['late - early'], r['95% low'], r['95% high'], signed=True)} "
-                         f"({verdict(r['95% low'], r['95% high'])}); fatal endings (−100) "
+                         f"({verdict(r['95% low'], r['95% high'], r['p'], claim=False)}); fatal endings (−100) "
                          f"{100 * r[f'fatal, {early}']:.0f} % → {100 * r[f'fatal, {late}']:.0f} %; "
                          f"{100 * r['tips naming their episode']:.0f} % of "
                          f"the tips name an action or object of their episode, {100 * r['tips cut']:.0f} % are cut.")
@@ -429,7 +425,8 @@ def tips(profile: str, results_dir: str = "results", task: str = suite.MAIN_TASK
         lines.append(f"- **Inside training** ({len(empo2_runs)} EMPO² runs of notebook 04, constrained tips): rollouts "
                      f"with tips − plain rollouts of the same iteration "
                      f"{interval(d['memory - plain'], d['95% low'], d['95% high'], signed=True)} "
-                     f"({d['paired iterations']} paired iterations, {verdict(d['95% low'], d['95% high'])}).")
+                     f"({d['paired iterations']} paired iterations, "
+                     f"{verdict(d['95% low'], d['95% high'], d['p'], claim=False)}).")
     return "\n".join(lines)
 
 
@@ -521,15 +518,15 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
     runs = {m: [f for f, c in zip(folders, configs) if c.method == m] for m in METHODS}
     order = [m for m in METHODS if runs[m]]
     table = experiments.score_table(folders)
-    successes = {m: seed_bootstrap_interval([100 * succeeded(experiments.final_test_scores(f)) for f in runs[m]])
+    successes = {m: seed_interval([100 * succeeded(experiments.final_test_scores(f)) for f in runs[m]])
                  for m in order}
     lines = [f"- **Final test scores** on the {configs[0].n_test_variations} held-out games (without memory; "
              "memory-only with its memory): " + "; ".join(
                  f"{METHODS[m]} {interval(*table.loc[m, ['score', '95% low', '95% high']])} "
                  f"({_n(table.loc[m, 'seeds'], 'seed')}, "
-                 f"success {100 * table.loc[m, 'success']:.1f} % [{successes[m][0]:.1f}, {successes[m][1]:.1f}])"
+                 f"success {100 * table.loc[m, 'success']:.1f} % [{successes[m][1]:.1f}, {successes[m][2]:.1f}])"
                  for m in order) + "."]
-    lines.append("- **Differences** (seeds, then games resampled): " + "; ".join(
+    lines.append("- **Differences** (t-intervals over the seeds' means; p of the permutation test): " + "; ".join(
         difference(runs[a], runs[b], f"{METHODS[a]} − {METHODS[b]}")
         for a, b in (("empo2", "grpo"), ("empo2", "naive"), ("grpo", "naive")) if runs[a] and runs[b]) + ".")
     for m in ("grpo", "empo2"):
@@ -561,8 +558,8 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
         in_first_room = coin_in_first_room(configs[0])
         if (~in_first_room).any():
             room = scores_by_coin_room({METHODS[m]: runs[m] for m in order}, in_first_room)["score"]
-            explored = seed_bootstrap_difference(test_scores_on(runs["empo2"], ~in_first_room),
-                                                 test_scores_on(runs["grpo"], ~in_first_room))
+            explored = seed_difference(test_scores_on(runs["empo2"], ~in_first_room),
+                                       test_scores_on(runs["grpo"], ~in_first_room))
             lines.append("- **Where the coin lies** (a split chosen after reading the episodes): in the first room "
                          + ", ".join(f"{m} {v:.1f}" for m, v in room["coin in the first room"].items())
                          + "; elsewhere " + ", ".join(f"{m} {v:.1f}" for m, v in room["coin elsewhere"].items())
@@ -593,7 +590,7 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
                      + difference(few_runs["empo2"], few_runs["grpo"], "EMPO² − GRPO") + ".")
     single = [METHODS[m] for m in order if table.loc[m, "seeds"] == 1]
     if single:
-        lines.append(f"- One seed so far for {', '.join(single)}: those intervals resample test games only, not runs.")
+        lines.append(f"- One seed so far for {', '.join(single)}: those intervals are over test games only, not runs.")
     return "\n".join(lines)
 
 
@@ -623,9 +620,12 @@ def document(results_dir: str | Path = "results", profile: str = "laptop") -> st
     parts = ["# Results committed so far", "",
              f"Generated by `python -m empo2.report` from the `{profile}` runs in `results/{profile}/` (do not edit): "
              "each section is one notebook's takeaways, computed from the saved runs by `empo2.takeaways`, so the "
-             "numbers here, in the notebooks and in the runs agree. Intervals are 95% bootstrap intervals (seeds, "
-             "then episodes, resampled). The README's table of claims gives the verdicts; `results/README.md` lists "
-             "every run with its budget, minutes and commit. What the numbers mean is discussed in each notebook "
+             "numbers here, in the notebooks and in the runs agree. Intervals over several runs are 95% Student-t "
+             "intervals on the runs' mean scores (Welch's for a difference; over the episodes where there is one "
+             "run), p the two-sided p of an exact permutation test of the runs' means; a difference whose interval "
+             "excludes 0 counts as established only with p < 0.05 (`empo2.stats`). The README's table of claims "
+             "gives the verdicts; `results/README.md` lists every run with its budget, minutes and commit. What "
+             "the numbers mean is discussed in each notebook "
              f"and in the workshop guide (`notebooks/README.md`). Commits of these runs: {', '.join(commits)}.", ""]
     for notebook, title, takeaways in SECTIONS:
         parts += [f"## {notebook[:2]} · {title}", "",

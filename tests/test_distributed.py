@@ -39,7 +39,13 @@ def runs(tmp_path_factory):
 
 
 def test_two_processes_play_the_same_episodes_and_take_the_same_steps(runs):
-    assert rows(runs, "one", "episodes.jsonl") == rows(runs, "two", "episodes.jsonl")
+    played = {name: rows(runs, name, "episodes.jsonl") for name in ("one", "two")}
+    # The sampler's entropy is computed from logits whose rounding depends on the batch a process runs, and
+    # after the first step from weights equal within the rounding Adam normalises (below): near, not equal.
+    entropies = {name: [(row["iteration"], row.pop("entropy")) for row in played[name]] for name in played}
+    assert played["one"] == played["two"]
+    for (iteration, one), (_, two) in zip(entropies["one"], entropies["two"]):
+        assert two == pytest.approx(one, abs=1e-4 if iteration == 1 else 0.02)
     one, two = rows(runs, "one", "metrics.jsonl"), rows(runs, "two", "metrics.jsonl")
     assert [r["iteration"] for r in two] == [1, 2]  # written once, by process 0
     for a, b in zip(one, two):

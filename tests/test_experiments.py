@@ -67,8 +67,8 @@ def test_tip_free_training_scores_leave_out_the_episodes_played_with_tips():
     assert len(experiments.tip_free_training_scores(coin / "grpo-coin-seed0")) == len(grpo)
     first_half = experiments.tip_free_training_scores(coin / "empo2-coin-seed0", range(1, 31))
     assert list(first_half) == list(plain[plain["iteration"] <= 30]["score"])
-    curve = training_curve([coin / "empo2-coin-seed0"], resamples=100, window=30, tip_free=True)
-    assert curve.loc[30, "score"] == first_half.mean() != training_curve([coin / "empo2-coin-seed0"], resamples=100,
+    curve = training_curve([coin / "empo2-coin-seed0"], window=30, tip_free=True)
+    assert curve.loc[30, "score"] == first_half.mean() != training_curve([coin / "empo2-coin-seed0"],
                                                                            window=30).loc[30, "score"]
 
 

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats
 
 from empo2 import experiments, lessons, takeaways
 from empo2.config import EMPO2Config
@@ -150,7 +151,7 @@ def test_tables_of_saved_runs(tmp_path):
     assert list(outcomes.index) == ["GRPO", "Naive"] and (outcomes["test episodes"] == 4).all()
     assert outcomes.drop(columns=["test episodes", "mean score"]).apply(lambda c: c.between(0, 1)).all().all()
 
-    curve = lessons.training_curve(grpo, resamples=200)
+    curve = lessons.training_curve(grpo)
     assert list(curve.index) == [1, 2]
     assert (curve["95% low"] <= curve["score"] + 1e-9).all() and (curve["score"] <= curve["95% high"] + 1e-9).all()
 
@@ -210,7 +211,12 @@ def test_trial_gain_reads_late_minus_early_and_the_fatal_endings_per_kind_of_tip
     assert free["late - early"] == 0 and free["fatal, trials 1-3"] == 0 == free["fatal, trials 4-6"]
     assert by_score["trials 1-3"] == -50 and by_score["trials 4-6"] == 10 and by_score["late - early"] == 60
     assert by_score["fatal, trials 1-3"] == 0.5 and by_score["fatal, trials 4-6"] == 0
-    assert free["95% low"] == free["95% high"] == 0 and 0 < by_score["95% low"] < 60 < by_score["95% high"]
+    assert free["95% low"] == free["95% high"] == 0 and free["p"] == 1
+    # Paired over the two seeds, whose late − early agree (60 each): a t with 1 degree of freedom on a variance
+    # no smaller than the episodes' own (early (-100, 0) × 3, variance 3000 over 6 episodes, late all 10).
+    half = scipy.stats.t.ppf(0.975, 1) * np.sqrt(3000 / 6 / 2)
+    assert (by_score["95% low"], by_score["95% high"]) == pytest.approx((60 - half, 60 + half))
+    assert by_score["p"] == 0.5  # the smallest two runs can give
     assert by_score["tips naming their episode"] == 1 and by_score["tips cut"] == 0
 
 

@@ -6,7 +6,10 @@ import shutil
 from empo2 import report, takeaways
 from empo2.notebooks import ROOT
 
-ALLOWED_VERDICTS = {"reproduced", "opposite", "within the noise", "no difference (every score equal)", "—",
+ALLOWED_VERDICTS = {"reproduced", "opposite", "within the noise", "no difference (every score equal)",
+                    "same direction, not established", "opposite direction, not established",
+                    "same direction, not established (one seed each: seed spread not measured)",
+                    "opposite direction, not established (one seed each: seed spread not measured)", "—",
                     "measured (a cost, not a difference)"}
 
 
