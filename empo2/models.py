@@ -127,10 +127,15 @@ def default_dtype(device: str | torch.device = "cpu") -> torch.dtype:
         if chosen not in DTYPES:
             raise ValueError(f"{DTYPE_VARIABLE}: {chosen!r} is not allowed; allowed: {', '.join(DTYPES)}")
         return DTYPES[chosen]
+    return torch.bfloat16 if fast_bfloat16(device) else torch.float32
+
+
+def fast_bfloat16(device: str | torch.device = "cpu") -> bool:
+    """Whether `device` multiplies bfloat16 matrices in hardware: a GPU, or a CPU with AMX or AVX512-bf16."""
     if torch.device(device).type != "cpu":
-        return torch.bfloat16
+        return True
     probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch.cpu's own checks of the CPU's flags
-    return torch.bfloat16 if any(getattr(torch.cpu, probe, lambda: False)() for probe in probes) else torch.float32
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_POLICY):

@@ -231,9 +231,24 @@ def results_readme(results_dir: Path, profiles: tuple[str, ...] = ("laptop", "ci
         parts += [f"## Profile `{profile}`: {len(table)} runs", "", f"Commits: {', '.join(commits)}.", ""]
         if profile == "laptop":
             claims_table = laptop_claims or claims_markdown(claims(results_dir.resolve(), profile))
-            parts += ["### Claims", "", claims_table, ""]
+            parts += ["### Claims", "", claims_table, "", "### The CoinCollector study (planned; docs/results.md)", "",
+                      study_progress(results_dir, profile), ""]
         parts += ["### Runs", "", runs_markdown(table), ""]
     return "\n".join(parts)
+
+
+def study_progress(results_dir: Path, profile: str) -> str:
+    """The CoinCollector study's arms: runs planned, finished and tested (`suite.coin_study_tests`), and their commits."""
+    from empo2 import suite
+
+    lines = ["| arm | planned | finished | tested | commits |", "|---|---|---|---|---|"]
+    for label, tests in suite.coin_study_tests(profile, str(results_dir)).items():
+        finished = [cfg for cfg in tests if (cfg.run_dir / "summary.json").exists()]
+        tested = [cfg for cfg in finished if experiments.saved_retest(cfg) is not None]
+        commits = sorted({json.loads((cfg.run_dir / "config.json").read_text()).get("git_commit", "")[:7]
+                          for cfg in finished})
+        lines.append(f"| {label} | {len(tests)} | {len(finished)} | {len(tested)} | {', '.join(commits) or '—'} |")
+    return "\n".join(lines)
 
 
 RESULTS_DOCUMENT = ROOT / "docs" / "results.md"

@@ -161,6 +161,49 @@ def _t_interval(estimate, parts: list[tuple], level: float):
     return estimate, estimate - half, estimate + half
 
 
+def contrast(per_seed_arms: list[list], weights: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """A linear contrast of several arms' means, Σ w_i · (arm i's mean over its seeds of each seed's mean score),
+    with its 95% t-interval: (estimate, low, high). The standard error sums w_i² s_i² / n_i over the arms, and t
+    has Welch-Satterthwaite's degrees of freedom (for two arms and weights +1, −1: `seed_difference`). A main
+    effect of a 2 × 2 design is ½(A + B) − ½(C + D); a trend over settings x_i, the slope of the arms' means on
+    x_i, has weights (x_i − x̄) / Σ(x_j − x̄)². Every arm needs two seeds."""
+    arms = [Seeds.of(per_seed) for per_seed in per_seed_arms]
+    if len(arms) != len(weights) or any(arm.count < 2 for arm in arms):
+        raise ValueError(f"contrast: {len(weights)} weights for {len(arms)} arms, each of at least 2 seeds")
+    return tuple(float(x) for x in contrast_interval(arms, weights, level))
+
+
+def contrast_interval(arms: list[Seeds], weights: list[float], level: float = 0.95):
+    """`contrast` of arms given as `Seeds`: (estimate, low, high), each (...,)."""
+    estimate = sum(w * arm.means.mean(axis=-1) for w, arm in zip(weights, arms))
+    parts = [(w**2 * arm.mean_variance() / arm.count, arm.count - 1) for w, arm in zip(weights, arms) if w]
+    return _t_interval(estimate, parts, level)
+
+
+def contrast_p(per_seed_arms: list[list], weights: list[float], strata: list[list[int]] | None = None,
+               draws: int = 20_000, seed: int = 0) -> float:
+    """Two-sided p of a permutation test of `contrast`: the seed means are shuffled among the arms of each
+    stratum (a list of arm indices; default one stratum of every arm), keeping the arms' sizes, `draws` times
+    from a fixed seed, and p is the share of shuffles whose contrast is at least as far from 0 as the observed
+    (counting the observed one). Strata keep what the null leaves free: for the memory main effect of memory ×
+    novelty, the arms with the novelty bonus are one stratum and those without another."""
+    means = [Seeds.of(per_seed).means for per_seed in per_seed_arms]
+    strata = strata or [list(range(len(means)))]
+    weights = np.asarray(weights, dtype=float)
+    observed = abs(sum(w * m.mean() for w, m in zip(weights, means)))
+    rng = np.random.default_rng(seed)
+    totals = np.zeros(draws)  # (draws,)
+    for stratum in strata:
+        pooled = np.concatenate([means[i] for i in stratum])  # (seeds of the stratum,)
+        shuffled = rng.permuted(np.broadcast_to(pooled, (draws, len(pooled))), axis=1)  # (draws, seeds)
+        start = 0
+        for i in stratum:
+            totals += weights[i] * shuffled[:, start : start + len(means[i])].mean(axis=1)
+            start += len(means[i])
+    extreme = np.abs(totals) >= observed - 1e-12 * max(1.0, observed)
+    return float((1 + extreme.sum()) / (1 + draws))
+
+
 def permutation_p(per_seed_a: list, per_seed_b: list, paired: bool = False) -> float:
     """Two-sided p of a permutation test of A's mean seed score minus B's: over every split of the seeds into
     groups of A's and B's sizes, or with `paired` (the same runs measured twice) every swap within a run.

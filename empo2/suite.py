@@ -175,6 +175,164 @@ def coin_few_games(profile: str, results_dir: str = "results") -> list[EMPO2Conf
             for seed in SEEDS[profile] for m in ("empo2", "grpo")]
 
 
+# ------------------------------------------------------------------ the CoinCollector study (planned before it runs)
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm of the CoinCollector study: a method's settings and the seeds it trains (at `laptop`)."""
+
+    label: str
+    slug: str
+    """Its runs' folder names: `<slug>-seed<k>` under `results/<profile>/coin-study/`."""
+    settings: dict
+    seeds: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrast:
+    """A planned contrast of the study: Σ weight × (an arm's mean over its seeds of each seed's mean)."""
+
+    name: str
+    weights: dict[str, float]
+    """Arm label -> weight."""
+    paper: str
+    """What the paper reports: every contrast is written so that the paper's direction is above 0 ("" where the
+    paper reports no direction: the verdict is worded neutrally)."""
+    strata: tuple[tuple[str, ...], ...] = ()
+    """The arms whose seeds a permutation test shuffles among each other (`stats.contrast_p`); () for all."""
+    measure: str = "test"
+    """test: the final policy's score on the study's held-out games; entropy: the mean decision entropy of the tip-free
+    training episodes of the last 20 iterations (`train/entropy/plain`)."""
+
+
+FRESH_SEEDS = tuple(range(10, 20))
+"""Seeds no CoinCollector run used before (the runs of notebook 11 so far: 0-4)."""
+COIN_STUDY_ARMS = (
+    Arm("EMPO²", "empo2", dict(method="empo2"), FRESH_SEEDS),
+    Arm("GRPO", "grpo", dict(method="grpo"), FRESH_SEEDS),
+    Arm("GRPO with the novelty bonus", "grpo-novelty", dict(method="empo2", p=0.0), FRESH_SEEDS[:5]),
+    Arm("EMPO² without the novelty bonus", "empo2-no-novelty", dict(method="empo2", intrinsic_coef=0.0),
+        FRESH_SEEDS[:5]),
+    Arm("q = 0 (no off-policy updates)", "q0", dict(method="empo2", q=0.0), FRESH_SEEDS[:5]),
+    Arm("q = 1 (off-policy updates only)", "q1", dict(method="empo2", q=1.0), FRESH_SEEDS[:5]),
+    Arm("p = 0.1", "p0.1", dict(method="empo2", p=0.1), FRESH_SEEDS[:3]),
+    Arm("p = 0.7", "p0.7", dict(method="empo2", p=0.7), FRESH_SEEDS[:3]),
+    Arm("q = 0.3", "q0.3", dict(method="empo2", q=0.3), FRESH_SEEDS[:3]),
+    Arm("q = 0.95", "q0.95", dict(method="empo2", q=0.95), FRESH_SEEDS[:3]),
+    Arm("Naive", "naive", dict(method="naive"), FRESH_SEEDS[:5]),
+    Arm("memory-only", "memory-only", dict(method="memory_only"), FRESH_SEEDS[:3]),
+)
+"""The arms: EMPO² (p = 0.25, q = 2/3, novelty bonus 1/n) and GRPO, 10 seeds each, the primary contrast; memory ×
+novelty (GRPO with the bonus, EMPO² without it), 5 seeds each; the update modes (q = 0, q = 1), 5 each; the sweep's
+other points, 3 each; the floors. All at the `laptop` CoinCollector budget (`TEXTWORLD_EXPRESS_VALUES`)."""
+
+_MEMORY, _NO_MEMORY = ("EMPO²", "EMPO² without the novelty bonus"), ("GRPO with the novelty bonus", "GRPO")
+
+
+def _slope(points: dict[str, float]) -> dict[str, float]:
+    """The weights of the least-squares slope of the arms' means on their settings x: (x − x̄) / Σ(x − x̄)²."""
+    x = dict(points)
+    mean = sum(x.values()) / len(x)
+    spread = sum((v - mean) ** 2 for v in x.values())
+    return {label: (v - mean) / spread for label, v in x.items()}
+
+
+COIN_STUDY_CONTRASTS = (
+    Contrast("EMPO² − GRPO (primary)", {"EMPO²": 1, "GRPO": -1}, "EMPO² above GRPO (Fig. 1a)"),
+    Contrast("memory, main effect", {"EMPO²": 0.5, "EMPO² without the novelty bonus": 0.5,
+                                     "GRPO with the novelty bonus": -0.5, "GRPO": -0.5},
+             "memory rollouts help (EMPO² above GRPO)",
+             strata=(("EMPO²", "GRPO with the novelty bonus"), ("EMPO² without the novelty bonus", "GRPO"))),
+    Contrast("novelty bonus, main effect", {"EMPO²": 0.5, "GRPO with the novelty bonus": 0.5,
+                                            "EMPO² without the novelty bonus": -0.5, "GRPO": -0.5},
+             "the novelty reward helps (App. F.2: 1x above none)", strata=(_MEMORY, _NO_MEMORY)),
+    Contrast("memory × novelty, interaction", {"EMPO²": 1, "EMPO² without the novelty bonus": -1,
+                                               "GRPO with the novelty bonus": -1, "GRPO": 1}, ""),
+    Contrast("off-policy updates: full − (q = 0)", {"EMPO²": 1, "q = 0 (no off-policy updates)": -1},
+             "full above q = 0 (§6, App. F)"),
+    Contrast("on-policy updates with memory: full − (q = 1)", {"EMPO²": 1, "q = 1 (off-policy updates only)": -1},
+             "full above q = 1 (§6, App. F)"),
+    Contrast("p trend: slope over p = 0, 0.1, 0.25 (per unit of p)",
+             _slope({"GRPO with the novelty bonus": 0.0, "p = 0.1": 0.1, "EMPO²": 0.25}),
+             "rising (App. F.1: p = 0.1 collapses to GRPO, 0.25 learns)"),
+    Contrast("p = 0.7 − p = 0.25", {"p = 0.7": 1, "EMPO²": -1}, ""),
+    Contrast("q ordering: (q = 2/3) − mean of q = 0.3 and q = 0.95", {"EMPO²": 1, "q = 0.3": -0.5, "q = 0.95": -0.5},
+             "q = 2/3 above both (App. F.1: 0.3 and 0.95 learn worse)"),
+    Contrast("q trend: slope over q = 0, 0.3, 2/3, 0.95, 1 (per unit of q)",
+             _slope({"q = 0 (no off-policy updates)": 0.0, "q = 0.3": 0.3, "EMPO²": 2 / 3, "q = 0.95": 0.95,
+                     "q = 1 (off-policy updates only)": 1.0}), ""),
+    Contrast("EMPO² − Naive (floor)", {"EMPO²": 1, "Naive": -1}, "EMPO² above the untrained model (Table 1)"),
+    Contrast("EMPO² − memory-only (floor)", {"EMPO²": 1, "memory-only": -1},
+             "EMPO² above a memory without weight updates (Table 1)"),
+    Contrast("novelty bonus and the policy's entropy, main effect", {"EMPO²": 0.5, "GRPO with the novelty bonus": 0.5,
+                                                                     "EMPO² without the novelty bonus": -0.5, "GRPO": -0.5},
+             "the novelty bonus maintains the policy's entropy (App. F.2)", strata=(_MEMORY, _NO_MEMORY),
+             measure="entropy"),
+)
+"""The planned contrasts, each reported with its 95% t-interval (`stats.contrast`: Welch-Satterthwaite over the arms'
+seed means, coverage tested at these seed counts in tests/test_stats.py) and permutation p (`stats.contrast_p`),
+whatever they show; a verdict is worded for the paper's direction where it reports one (`stats.verdict`)."""
+
+COIN_STUDY_TEST_GAMES = {"ci": 4, "laptop": 200, "paper": 400}
+"""The study's test: each final policy on the first this many held-out games (the test fold's), once each at the
+evaluation temperature (0.4), without memory (memory-only with its memory)."""
+COIN_STUDY_DTYPE = "bfloat16"
+"""Every run of the study is trained with EMPO2_DTYPE set to this (saved as `policy_dtype`); a machine without bf16
+instructions (18x slower there) trains none of them."""
+
+
+def coin_study(profile: str, results_dir: str = "results") -> dict[str, list[EMPO2Config]]:
+    """The study's runs, by arm label (at `ci`, seeds 0 and 1 for every arm, to test the plumbing)."""
+    game = dict(env="textworld_express", task="coin")
+    return {arm.label: [_cfg(profile, results_dir, "coin-study", seed=seed, run_name=f"{arm.slug}-seed{seed}",
+                             **game, **arm.settings)
+                        for seed in (arm.seeds if profile != "ci" else (0, 1))]
+            for arm in COIN_STUDY_ARMS}
+
+
+def coin_study_tests(profile: str, results_dir: str = "results") -> dict[str, list[EMPO2Config]]:
+    """The study's test of every run (`experiments.retest`): its final policy on `COIN_STUDY_TEST_GAMES` games."""
+    return {label: [dataclasses.replace(cfg, n_test_variations=COIN_STUDY_TEST_GAMES[profile]) for cfg in configs]
+            for label, configs in coin_study(profile, results_dir).items()}
+
+
+def coin_study_order(profile: str, results_dir: str = "results") -> list[EMPO2Config]:
+    """The order the study trains in: seed by seed, every arm of that seed, so that a study stopped part-way holds
+    every arm at the seeds it reached (the arms' seeds are prefixes of the same fresh seeds)."""
+    runs = coin_study(profile, results_dir)
+    seeds = sorted({cfg.seed for configs in runs.values() for cfg in configs})
+    return [cfg for seed in seeds for configs in runs.values() for cfg in configs if cfg.seed == seed]
+
+
+def coin_study_plan(profile: str = "laptop") -> str:
+    """The plan, as markdown (notebook 11 and docs/results.md print it): arms, seeds, budget, test, contrasts."""
+    cfg = EMPO2Config.from_profile(profile, env="textworld_express", task="coin")
+    count = lambda *methods: sum(len(c) for label, c in coin_study(profile).items()  # noqa: E731
+                                 if c[0].method in methods)
+    lines = [f"**Budget.** Every run at the `{profile}` CoinCollector budget: {cfg.iterations} iterations × "
+             f"{cfg.group_size} episodes of at most {cfg.max_steps} steps on {cfg.n_train_variations} training games "
+             f"({cfg.game_params}), evaluated on {cfg.n_test_variations} held-out games every {cfg.eval_every} "
+             f"iterations, in {COIN_STUDY_DTYPE}; {count('empo2', 'grpo')} runs that train weights, "
+             f"{count('memory_only')} memory-only runs and {count('naive')} Naive evaluations, all from one clean "
+             "commit, trained seed by seed (`python -m empo2.suite laptop coin-study`) into the experiment folder "
+             f"`coin-study`, seeds {FRESH_SEEDS[0]}–{FRESH_SEEDS[-1]}, which no CoinCollector run used before (at "
+             "`ci`, seeds 0 and 1 in every arm, to test the plumbing).",
+             f"**Test.** Each final policy on the first {COIN_STUDY_TEST_GAMES[profile]} held-out games, once each at "
+             f"temperature {cfg.eval_temperature}, without memory (memory-only with its own).", "",
+             "| arm | settings | seeds |", "|---|---|---|"]
+    seeds = {label: [c.seed for c in configs] for label, configs in coin_study(profile).items()}
+    lines += [f"| {arm.label} | {', '.join(f'{k}={v}' for k, v in arm.settings.items())} | "
+              f"{len(seeds[arm.label])} ({seeds[arm.label][0]}–{seeds[arm.label][-1]}) |" for arm in COIN_STUDY_ARMS]
+    lines += ["", "| planned contrast | arms (weight) | the paper |", "|---|---|---|"]
+    lines += [f"| {c.name}{' (decision entropy)' if c.measure == 'entropy' else ''} | "
+              f"{', '.join(f'{label} ({w:+.3g})' for label, w in c.weights.items())} | {c.paper or 'no direction'} |"
+              for c in COIN_STUDY_CONTRASTS]
+    lines += ["", "Each contrast is reported with its 95% t-interval over the arms' seed means (Welch-Satterthwaite; "
+              "coverage tested at these seed counts) and a permutation p (seeds shuffled among the arms compared, "
+              "within the strata of a main effect), whatever it shows; a verdict of reproduced needs the interval on the "
+              "paper's side and p < 0.05. Anything computed after reading the runs is labelled so."]
+    return "\n".join(lines)
+
+
 GROUPS = {
     "main": main_comparison, "baselines": baselines, "temperature": training_temperature, "naive18": naive_all_tasks,
     "ablation": mode_ablation, "sweep": pq_sweep, "intrinsic": intrinsic_sweep, "webshop": webshop_runs,
@@ -200,19 +358,42 @@ def unfinished(profile: str, results_dir: str = "results") -> list[str]:
                    for cfg in coin_retests(profile, results_dir) if saved_retest(cfg) is None]
 
 
+def train_coin_study(profile: str, results_dir: str = "results") -> None:
+    """Train (or reuse) the study's runs in `coin_study_order`, each followed by its test, in `COIN_STUDY_DTYPE`:
+    a machine that would train in another precision stops before anything starts."""
+    import os
+
+    from empo2.experiments import retest, run
+    from empo2.models import DTYPE_VARIABLE, fast_bfloat16
+
+    if os.environ.setdefault(DTYPE_VARIABLE, COIN_STUDY_DTYPE) != COIN_STUDY_DTYPE or not fast_bfloat16():
+        raise SystemExit(f"error: {DTYPE_VARIABLE}: the CoinCollector study trains in {COIN_STUDY_DTYPE} only, on a "
+                         f"machine with bfloat16 instructions (this one: {fast_bfloat16()}; {DTYPE_VARIABLE}="
+                         f"{os.environ[DTYPE_VARIABLE]})")
+    tests = {cfg.run_dir: cfg for configs in coin_study_tests(profile, results_dir).values() for cfg in configs}
+    for cfg in coin_study_order(profile, results_dir):
+        run(cfg, show_progress=False)
+        retest(tests[cfg.run_dir], show_progress=False)
+        print(f"finished {cfg.experiment}/{cfg.name} and its test on {tests[cfg.run_dir].n_test_variations} games",
+              flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m empo2.suite PROFILE GROUP [GROUP ...]`: train (or reuse) those runs in order."""
+    """`python -m empo2.suite PROFILE GROUP [GROUP ...]`: train (or reuse) those runs in order (coin-study: the
+    CoinCollector study, each run with its test)."""
     import argparse
 
     from empo2.experiments import run
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("profile", choices=("ci", "laptop", "paper"))
-    parser.add_argument("groups", nargs="+", choices=sorted(GROUPS))
+    parser.add_argument("groups", nargs="+", choices=sorted(GROUPS) + ["coin-study"])
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
-    for group in args.groups:
+    if "coin-study" in args.groups:
+        train_coin_study(args.profile, args.results_dir)
+    for group in (g for g in args.groups if g != "coin-study"):
         for cfg in group_configs(group, args.profile, args.results_dir):
             run(cfg, force=args.force, show_progress=False)
             print(f"finished {cfg.experiment}/{cfg.name}", flush=True)

@@ -594,6 +594,63 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------ the CoinCollector study
+ENTROPY_ITERATIONS = 20
+"""The `entropy` measure of the study: the last this many iterations' `train/entropy/plain`."""
+
+
+def study_measures(profile: str, results_dir: str = "results") -> dict[str, dict[str, list[np.ndarray]]]:
+    """The study's measures of its finished, tested runs, by measure and arm: "test", each run's scores on the
+    study's held-out games (`suite.coin_study_tests`); "entropy", each run's tip-free decision entropy over its last
+    `ENTROPY_ITERATIONS` iterations (one value an iteration). Runs not finished or not yet tested are left out."""
+    measures = {"test": {}, "entropy": {}}
+    for label, tests in suite.coin_study_tests(profile, results_dir).items():
+        runs = [(cfg, experiments.saved_retest(cfg)) for cfg in tests]
+        tested = [(cfg, folder) for cfg, folder in runs if folder is not None]
+        measures["test"][label] = [experiments.final_test_scores(folder) for _, folder in tested]
+        rows = [experiments.read_jsonl(cfg.run_dir / "metrics.jsonl") for cfg, _ in tested]
+        measures["entropy"][label] = [frame["train/entropy/plain"].dropna().to_numpy()[-ENTROPY_ITERATIONS:]
+                                      for frame in rows if "train/entropy/plain" in frame]
+    return measures
+
+
+def study_contrasts(measures: dict[str, dict[str, list[np.ndarray]]]) -> pd.DataFrame:
+    """Each planned contrast (`suite.COIN_STUDY_CONTRASTS`) of the measures given (`study_measures`): its estimate,
+    95% t-interval, permutation p and verdict, or how many runs it still waits for (every arm needs 2)."""
+    from empo2.stats import contrast, contrast_p
+
+    rows = []
+    for c in suite.COIN_STUDY_CONTRASTS:
+        arms = [measures[c.measure].get(label, []) for label in c.weights]
+        row = {"contrast": c.name, "measure": c.measure, "paper": c.paper or "no direction",
+               "seeds": " / ".join(str(len(arm)) for arm in arms)}
+        if min(len(arm) for arm in arms) < 2:
+            rows.append(row | {"estimate": np.nan, "95% low": np.nan, "95% high": np.nan, "p": np.nan,
+                               "verdict": "waiting for runs"})
+            continue
+        labels = list(c.weights)
+        strata = [[labels.index(label) for label in stratum] for stratum in c.strata] or None
+        estimate, low, high = contrast(arms, list(c.weights.values()))
+        p = contrast_p(arms, list(c.weights.values()), strata)
+        rows.append(row | {"estimate": estimate, "95% low": low, "95% high": high, "p": p,
+                           "verdict": verdict(low, high, p, claim=bool(c.paper))})
+    return pd.DataFrame(rows).set_index("contrast")
+
+
+def coin_study(profile: str, results_dir: str = "results") -> str:
+    """The CoinCollector study: its plan, which runs are in, and each planned contrast with what it shows."""
+    tests = suite.coin_study_tests(profile, results_dir)
+    measures = study_measures(profile, results_dir)
+    progress = "; ".join(f"{label} {len(measures['test'][label])} of {len(configs)}" for label, configs in tests.items())
+    lines = [suite.coin_study_plan(profile), "", f"**Runs in, trained and tested** (of those planned): {progress}.", ""]
+    table = study_contrasts(measures)
+    lines += ["| planned contrast | seeds a arm | estimate [95%] | p | verdict |", "|---|---|---|---|---|"]
+    for name, r in table.iterrows():
+        shown = "—" if np.isnan(r["estimate"]) else interval(r["estimate"], r["95% low"], r["95% high"], signed=True)
+        lines.append(f"| {name} | {r['seeds']} | {shown} | {p_text(r['p']) or '—'} | {r['verdict']} |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------ docs/results.md
 SECTIONS = (
     ("00_quickstart", "One episode of the untrained policy", quickstart),
@@ -631,4 +688,6 @@ def document(results_dir: str | Path = "results", profile: str = "laptop") -> st
         parts += [f"## {notebook[:2]} · {title}", "",
                   f"[notebook](../notebooks/{notebook}.ipynb) · [executed at {profile}](../results/executed/{notebook}.ipynb)",
                   "", takeaways(profile, results_dir), ""]
+    parts += ["## 11 · The CoinCollector study: why EMPO² wins (planned before its runs)", "",
+              coin_study(profile, results_dir), ""]
     return "\n".join(parts)

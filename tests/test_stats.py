@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from empo2.stats import (Seeds, bootstrap_interval, mean_interval, p_text, paired_interval, permutation_p,
-                         seed_difference, seed_interval, verdict, welch_interval)
+from empo2.stats import (Seeds, bootstrap_interval, contrast, contrast_interval, contrast_p, mean_interval, p_text,
+                         paired_interval, permutation_p, seed_difference, seed_interval, verdict, welch_interval)
 
 # The six final test means of notebook 04's ScienceWorld runs (issue 58), one value a seed.
 SCIENCEWORLD_EMPO2, SCIENCEWORLD_GRPO = [[8.2], [8.5], [8.2]], [[7.9], [3.7], [5.75]]
@@ -206,3 +206,51 @@ def test_the_two_level_bootstrap_falls_short_at_3_seeds():
     old, new = covered(*bootstrap.T, truth), covered(*t[1:], truth)
     print(f"\n3 vs 3 seeds: two-level bootstrap {old:.3f}, t-interval {new:.3f} (400 draws)")
     assert old < 0.93 <= new
+
+
+MAIN_EFFECT = [0.5, 0.5, -0.5, -0.5]
+"""Memory's main effect over memory × novelty, arms (memory and novelty, memory alone, novelty alone, neither)."""
+STUDY_SEEDS = [10, 5, 5, 10]
+"""The CoinCollector study's seeds in those arms (EMPO², EMPO² without novelty, GRPO with novelty, GRPO)."""
+
+
+def test_a_contrast_of_two_arms_is_welchs_interval_and_a_main_effect_is_hand_computed():
+    rng = np.random.default_rng(3)
+    arms = [[rng.normal(m, 5, 20) for _ in range(n)] for m, n in zip((4, 3, 1, 0), (4, 3, 3, 5))]
+    assert contrast(arms[:2], [1, -1]) == pytest.approx(seed_difference(arms[0], arms[1]))
+    means = [np.array([s.mean() for s in arm]) for arm in arms]
+    estimate = 0.5 * (means[0].mean() + means[1].mean() - means[2].mean() - means[3].mean())
+    variance = sum(0.25 * m.var(ddof=1) / len(m) for m in means)
+    df = variance**2 / sum((0.25 * m.var(ddof=1) / len(m)) ** 2 / (len(m) - 1) for m in means)
+    half = scipy.stats.t.ppf(0.975, df) * np.sqrt(variance)
+    assert contrast(arms, MAIN_EFFECT) == pytest.approx((estimate, estimate - half, estimate + half))
+    with pytest.raises(ValueError, match="each of at least 2 seeds"):
+        contrast([arms[0], arms[1][:1]], [1, -1])
+
+
+def test_contrast_p_shuffles_within_strata():
+    """Arms far apart give a small p, identical arms p = 1; the main effect of memory stays small when only
+    novelty differs, because shuffles keep novelty's strata apart (shuffling across them would mix in novelty)."""
+    far = [[np.full(10, 50.0 + k)] for k in range(5)], [[np.full(10, 0.0 + k)] for k in range(5)]
+    assert contrast_p([far[0], far[1]], [1, -1]) < 0.01
+    assert contrast_p([far[1], far[1]], [1, -1]) == 1.0
+    rng = np.random.default_rng(4)
+    novelty_only = [[rng.normal(m, 1, 40) for _ in range(5)] for m in (20, 0, 20, 0)]  # memory changes nothing
+    within = contrast_p(novelty_only, MAIN_EFFECT, strata=[[0, 2], [1, 3]])
+    assert within > 0.05
+
+
+def test_contrast_intervals_hold_their_95_percent_at_the_studys_seeds():
+    """The main effect of memory × novelty with 10, 5, 5 and 10 seeds, and a slope over four settings with 3 seeds
+    each, in the CoinCollector-like and a normal scenario: at least 0.93 of 95% intervals hold the truth (0)."""
+    rng = np.random.default_rng(5)
+    slope = np.array([0.0, 0.1, 0.25, 0.7])
+    slope_weights = list((slope - slope.mean()) / ((slope - slope.mean()) ** 2).sum())
+    for name in ("CoinCollector-like {0, 100}, 40 episodes", "seed sd 6.4, episode sd 45, 200 episodes"):
+        draw, _ = SCENARIOS[name]
+        main = [as_seeds(draw(rng, DRAWS, n)) for n in STUDY_SEEDS]
+        trend = [as_seeds(draw(rng, DRAWS, 3)) for _ in slope]
+        shares = {"main effect": covered(*contrast_interval(main, MAIN_EFFECT)[1:], 0.0),
+                  "slope": covered(*contrast_interval(trend, slope_weights)[1:], 0.0)}
+        print(f"\n{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in shares.items()))
+        assert min(shares.values()) >= 0.93, (name, shares)
