@@ -23,6 +23,8 @@ FLOPs per token of a pass over a sequence of L tokens: 2 × (the trunk's linear 
 4 × (hidden size) × (the position) per layer, causal; the LM head only at scored positions. The bound says how far
 each part is from what the hardware could do with the same tokens; the levers that change the tokens are measured
 in docs/performance.md.
+With --levers, first two levers measured and not kept: the attention kernels torch offers on a CPU for a training
+pass, and θ_old's passes over a mini-batch's episodes as one padded batch.
 """
 
 from __future__ import annotations
@@ -184,6 +186,71 @@ def measure(args, method: str, shape: Shape, throughput: float, bandwidth: float
                for key, value in parts.items()}, "counted": counted}
 
 
+def attention_kernels(length: int = 1300, repeats: int = 5) -> None:
+    """A lever measured and not kept: the policy's causal attention over one episode of `length` tokens (9 query
+    heads, 3 key/value heads of 64), forward and backward, in each kernel torch offers on a CPU (medians)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def timed(way):
+        forward, backward = [], []
+        for _ in range(repeats):
+            q = torch.randn(1, 9, length, 64, dtype=torch.bfloat16, requires_grad=True)
+            k, v = (torch.randn(1, 3, length, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+            start = time.perf_counter()
+            out = way(q, k, v)
+            middle = time.perf_counter()
+            out.backward(torch.ones_like(out))
+            forward.append(middle - start)
+            backward.append(time.perf_counter() - middle)
+        return 1000 * float(np.median(forward)), 1000 * float(np.median(backward))
+
+    def math(q, k, v):
+        with sdpa_kernel([SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    ways = {"flash, bf16 (today)": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                   enable_gqa=True),
+            "flash, key/value heads repeated": lambda q, k, v: F.scaled_dot_product_attention(
+                q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True),
+            "flash, float32": lambda q, k, v: F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True).bfloat16(),
+            "math, bf16": math}
+    print(f"\nattention of one layer over {length} tokens, forward + backward (ms):")
+    base = None
+    for name, way in ways.items():
+        forward, backward = timed(way)
+        base = base or forward + backward
+        print(f"  {name:34s} {forward:6.1f} + {backward:6.1f}   {base / (forward + backward):.2f}x today's")
+
+
+def batched_passes(model, lengths=(1100, 1150, 1050, 1200)) -> None:
+    """A lever measured and not kept: θ_old's no-grad passes over four episodes, one at a time (today) or as one
+    right-padded batch (the padding mask takes attention off the flash kernel)."""
+    from empo2.generation import trunk_and_head
+
+    trunk, _ = trunk_and_head(model)
+    rng = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(100, 40000, (n,), generator=rng) for n in lengths]
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)  # (episodes, longest)
+    mask = torch.zeros_like(ids)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)], mask[row, : len(sequence)] = sequence, 1
+    ways = {"one at a time": lambda: [trunk(input_ids=s[None]) for s in sequences],
+            "one padded batch": lambda: trunk(input_ids=ids, attention_mask=mask)}
+    seconds = {name: [] for name in ways}
+    with torch.no_grad():
+        for _ in range(3):
+            for name, way in ways.items():
+                start = time.perf_counter()
+                way()
+                seconds[name].append(time.perf_counter() - start)
+    best = {name: min(times) for name, times in seconds.items()}
+    print(f"\nθ_old's passes over {len(lengths)} episodes of {min(lengths)}-{max(lengths)} tokens: one at a time "
+          f"{best['one at a time']:.2f} s, one padded batch {best['one padded batch']:.2f} s "
+          f"({best['one at a time'] / best['one padded batch']:.2f}x)")
+
+
 def report(method: str, m: dict, eval_games: int) -> None:
     print(f"\n{method}: per iteration (mean of {m['counted']:.0f} after the warm-up), {m['tokens/context']:.0f} tokens in "
           f"context, {m['updates skipped']:.2f} of updates skipped")
@@ -213,11 +280,16 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3, help="the first is a warm-up")
     parser.add_argument("--eval-games", type=int, default=16)
     parser.add_argument("--methods", nargs="+", default=["empo2", "grpo"])
+    parser.add_argument("--levers", action="store_true",
+                        help="also the levers measured and not kept: attention kernels, θ_old's passes batched")
     args = parser.parse_args()
     model, _ = load_policy("smollm2-135m", lora_rank=8)
     shape = Shape(model)
     throughput = matrix_throughput(model)
     bandwidth = read_bandwidth_gb_s() * 1e9
+    if args.levers:
+        attention_kernels()
+        batched_passes(model)
     del model
     print(f"machine: {torch.get_num_threads()} torch threads; linear layers of the policy "
           f"({shape.linear / 1e6:.0f}M weights) at {throughput / 1e9:.0f} GFLOP/s over 1,300 tokens; "
