@@ -37,21 +37,11 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from bench import read_bandwidth_gb_s  # benchmarks/bench.py, beside this file
 from empo2.config import EMPO2Config
 from empo2.generation import GroupGenerator
 from empo2.models import load_policy
 from empo2.trainer import Trainer
-
-
-def read_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:
-    """Memory read bandwidth: summing a tensor far larger than the caches, best of `repeats`."""
-    values = torch.ones(megabytes * 2**20 // 4)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        values.sum()
-        best = min(best, time.perf_counter() - start)
-    return values.numel() * 4 / best / 1e9
 
 
 class Shape:
