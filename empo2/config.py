@@ -317,12 +317,13 @@ class EMPO2Config:
         if not self.lora_target_modules and self.lora_rank > 0:
             raise ValueError("lora_target_modules: empty; name at least one module, or set lora_rank 0")
 
-    def validate_split_sizes(self) -> None:
+    def validate_split_sizes(self, sizes: tuple[int, int] | None = None) -> None:
         """Raise ValueError where a run asks for more test (or, when it plays training episodes, training)
-        variations than its task's split holds, where that is known without starting the environment."""
+        variations than its task's split holds: the (training, test) `sizes` a built environment has, or by
+        default those known without starting one (`envs.split_sizes`; none for WebShop)."""
         from empo2.envs import split_sizes
 
-        sizes = split_sizes(self.env, self.task)
+        sizes = sizes or split_sizes(self.env, self.task)
         if sizes is None:
             return
         for name, size, split in zip(SPLIT_FIELDS, sizes, ("training", "test")):

@@ -125,12 +125,10 @@ class Trainer:
         try:
             for _ in range(cfg.group_size):
                 envs.append(env_from_config(cfg))
-            sizes = {"n_train_variations": ("training", len(envs[0].train_variations)),
-                     "n_test_variations": ("test", len(envs[0].test_variations))}
-            for name, (split, size) in sizes.items():
-                if getattr(cfg, name) > size and (name == "n_test_variations" or cfg.plays_training_episodes):
-                    raise RunError(f"{name}: {getattr(cfg, name)} is more than the {split} split of {cfg.env} "
-                                   f"holds ({size} variations); allowed 1..{size}")
+            try:
+                cfg.validate_split_sizes((len(envs[0].train_variations), len(envs[0].test_variations)))
+            except ValueError as error:
+                raise RunError(str(error)) from None
         except BaseException:
             for env in envs:
                 env.close()

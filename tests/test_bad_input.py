@@ -42,7 +42,7 @@ REFUSED = [
     (["train", *COIN, "--set", "n_train_variations=1001"],
      "error: n_train_variations: 1001 is more than coin's training split holds (1000 variations); allowed 1..1000"),
     (["train", "--env", "webshop", "--set", f"n_test_variations={WEBSHOP_TEST_GOALS + 1}"],  # once its data is read
-     f"error: n_test_variations: {WEBSHOP_TEST_GOALS + 1} is more than the test split of webshop holds ({WEBSHOP_TEST_GOALS} "
+     f"error: n_test_variations: {WEBSHOP_TEST_GOALS + 1} is more than webshop's test split holds ({WEBSHOP_TEST_GOALS} "
      f"variations); allowed 1..{WEBSHOP_TEST_GOALS}"),
 ]
 
