@@ -129,6 +129,27 @@ def run_lock(folder: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def lane_claim(folder: Path):
+    """Claim `folder`'s run for one of several processes (lanes) working through the same list of runs: yields True
+    while this process holds the claim, or False at once when another lane does, so that this one moves on to the
+    next run instead of waiting (`run_lock` waits). The claim ends with the block or the process."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield True
+        return
+    with open(folder.parent / f".{folder.name}.lane.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def read_jsonl(path: Path) -> pd.DataFrame:
     return pd.DataFrame(read_rows(path))
 

@@ -360,10 +360,13 @@ def unfinished(profile: str, results_dir: str = "results") -> list[str]:
 
 def train_coin_study(profile: str, results_dir: str = "results") -> None:
     """Train (or reuse) the study's runs in `coin_study_order`, each followed by its test, in `COIN_STUDY_DTYPE`:
-    a machine that would train in another precision stops before anything starts."""
+    a machine that would train in another precision stops before anything starts.
+
+    Started several times side by side (lanes: on 2 cores, twice with OMP_NUM_THREADS=1 and jemalloc, see
+    docs/performance.md), each process takes the next run no other lane holds (`experiments.lane_claim`)."""
     import os
 
-    from empo2.experiments import retest, run
+    from empo2.experiments import lane_claim, retest, run
     from empo2.models import DTYPE_VARIABLE, fast_bfloat16
 
     if os.environ.setdefault(DTYPE_VARIABLE, COIN_STUDY_DTYPE) != COIN_STUDY_DTYPE or not fast_bfloat16():
@@ -371,11 +374,18 @@ def train_coin_study(profile: str, results_dir: str = "results") -> None:
                          f"machine with bfloat16 instructions (this one: {fast_bfloat16()}; {DTYPE_VARIABLE}="
                          f"{os.environ[DTYPE_VARIABLE]})")
     tests = {cfg.run_dir: cfg for configs in coin_study_tests(profile, results_dir).values() for cfg in configs}
+    held = []
     for cfg in coin_study_order(profile, results_dir):
-        run(cfg, show_progress=False)
-        retest(tests[cfg.run_dir], show_progress=False)
+        with lane_claim(cfg.run_dir) as mine:
+            if not mine:
+                held.append(cfg.name)
+                continue
+            run(cfg, show_progress=False)
+            retest(tests[cfg.run_dir], show_progress=False)
         print(f"finished {cfg.experiment}/{cfg.name} and its test on {tests[cfg.run_dir].n_test_variations} games",
               flush=True)
+    if held:
+        print(f"left to the other lanes, which held them: {', '.join(held)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
