@@ -143,23 +143,60 @@ def test_importance_ratios_of_the_three_modes(tmp_path):
 
 
 def test_tables_of_saved_runs(tmp_path):
-    cfgs = [_cfg(tmp_path, method=method, seed=seed, iterations=2, group_size=2, eval_every=2)
-            for method in ("grpo", "naive") for seed in (0, 1)]
-    folders = [experiments.run(c, show_progress=False) for c in cfgs]
-    grpo, naive = folders[:2], folders[2:]
+    """Hand-made runs of two seeds each (GRPO also tested at iteration 1, every episode scoring 50): the tables read
+    the last evaluation only, and a curve over runs averages each run's mean, not the pooled episodes."""
+    from tests.test_known_differences import episode, write_run
+
+    last = {  # (label, seed) -> the last evaluation's episodes: (variation, score, actions)
+        ("GRPO", 0): [(5, 13.0, ["a", "b", "a"]), (6, -100.0, ["a", "a", "a", "a"])],
+        ("GRPO", 1): [(5, 7.0, ["a", "b", "c"]), (6, 0.0, ["a", "b"])],
+        ("Naive", 0): [(5, 0.0, ["a"]), (6, 7.0, ["a", "b"])],
+        ("Naive", 1): [(5, -100.0, ["a", "a"]), (6, 0.0, ["a", "b", "b"])],
+    }
+    trained = {0: {1: [0.0, 7.0], 2: [-100.0, 13.0]}, 1: {1: [7.0, 13.0, 13.0], 2: [0.0, 0.0, 20.0]}}  # GRPO's
+    folders = {"GRPO": [], "Naive": []}
+    for (label, seed), tested in last.items():
+        cfg = _cfg(tmp_path, method=label.lower(), seed=seed, iterations=2, group_size=2, eval_every=2)
+        at = 0 if label == "Naive" else 2
+        rows = [episode(at, "eval", s, variation=v, task="corridor", actions=a) for v, s, a in tested]
+        if label == "GRPO":
+            rows += [episode(i, "train", s, task="corridor") for i, scores in trained[seed].items() for s in scores]
+            rows += [episode(1, "eval", 50.0, variation=v, task="corridor") for v in (5, 6)]
+        folders[label].append(write_run(cfg.run_dir, cfg.to_dict(), rows))
+    grpo, naive = folders["GRPO"], folders["Naive"]
+
     outcomes = lessons.test_outcomes({"GRPO": grpo, "Naive": naive})
     assert list(outcomes.index) == ["GRPO", "Naive"] and (outcomes["test episodes"] == 4).all()
     assert outcomes.drop(columns=["test episodes", "mean score"]).apply(lambda c: c.between(0, 1)).all().all()
+    # GRPO: scores 13, -100, 7, 0; steps repeating an action: 1 of 3, 3 of 4, 0 of 3, 0 of 2.
+    assert outcomes.loc["GRPO"].to_dict() == pytest.approx({
+        "test episodes": 4, "ended at −100": 1 / 4, "left first room (≥ 7)": 2 / 4,
+        "reached workshop (≥ 13)": 1 / 4, "repeated actions": (1 / 3 + 3 / 4) / 4,
+        "mean score": (13 - 100 + 7 + 0) / 4})
+    # Naive: scores 0, 7, -100, 0; repeating: 0 of 1, 0 of 2, 1 of 2, 1 of 3.
+    assert outcomes.loc["Naive"].to_dict() == pytest.approx({
+        "test episodes": 4, "ended at −100": 1 / 4, "left first room (≥ 7)": 1 / 4, "reached workshop (≥ 13)": 0,
+        "repeated actions": (1 / 2 + 1 / 3) / 4, "mean score": (0 + 7 - 100 + 0) / 4})
 
     curve = lessons.training_curve(grpo)
     assert list(curve.index) == [1, 2]
     assert (curve["95% low"] <= curve["score"] + 1e-9).all() and (curve["score"] <= curve["95% high"] + 1e-9).all()
+    # Each run's mean first (3.5 and 11 at iteration 1, -43.5 and 20/3 at 2; pooled: 8.0 and -13.4), then a t-interval
+    # over those two means.
+    for iteration, means in ((1, [3.5, 11.0]), (2, [-43.5, 20 / 3])):
+        low, high = scipy.stats.ttest_1samp(means, 0.0).confidence_interval(0.95)
+        assert curve.loc[iteration].to_dict() == pytest.approx({"score": np.mean(means), "95% low": low,
+                                                                "95% high": high})
 
     by_variation = lessons.test_scores_by_variation({"GRPO": grpo, "Naive": naive})
     assert list(by_variation.columns[:4]) == ["decoding", "steps", "test episodes", "mean"]
     assert [c for c in by_variation.columns if c.startswith("variation ")] == ["variation 5", "variation 6"]
-    assert by_variation.loc["Naive", "mean"] == pytest.approx(
-        np.mean([lessons.last_evaluation(f)["score"].mean() for f in naive]))
+    cfg = _cfg(tmp_path)
+    assert by_variation.loc["GRPO"].to_dict() == {"decoding": cfg.action_decoding, "steps": cfg.max_steps,
+                                                  "test episodes": 4, "mean": -20.0, "variation 5": 10.0,
+                                                  "variation 6": -50.0}
+    assert by_variation.loc["Naive", "mean"] == pytest.approx((0 + 7 - 100 + 0) / 4)
+    assert by_variation.loc["Naive", ["variation 5", "variation 6"]].tolist() == [-50.0, 3.5]
 
 
 def _webshop_run(folder, method: str, skipped_first: bool, test_scores: tuple[float, float]):

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 from scienceworld import ScienceWorldEnv
 
-from empo2.envs import make_env
+from empo2.envs import jvm, make_env
 from empo2.envs.scienceworld import (
     DEFAULT_MAX_STEPS,
     META_ACTIONS,
@@ -69,6 +68,25 @@ def play_gold(env: ScienceWorldTask, variation: int):
     return results
 
 
+def simulator_scores(task: str, variation: int, actions: list[str]) -> list[float]:
+    """The scores ScienceWorld itself reports, without this package, at reset and after each action: the source of
+    the values the wrapper must give (in `easy` mode, as the wrapper loads tasks; an "Ambiguous request" answered
+    with "0", as ScienceWorld's own gold paths answer it)."""
+    sim = ScienceWorldEnv("", envStepLimit=100)
+    try:
+        sim.load(task, variation, "easy")
+        _, info = sim.reset()
+        scores = [float(info["score"])]
+        for action in actions:
+            observation, _, _, info = sim.step(action)
+            if observation.startswith("Ambiguous request"):
+                _, _, _, info = sim.step("0")
+            scores.append(float(info["score"]))
+        return scores
+    finally:
+        sim.close()
+
+
 # ------------------------------------------------------------------ no JVM
 
 
@@ -95,12 +113,14 @@ def test_bad_task_name_is_a_clear_error_and_starts_no_jvm():
     assert set(running_jvm_pids()) == before
 
 
-def test_load_that_keeps_timing_out_raises_timeout_error_and_leaves_no_jvm():
+def test_load_that_keeps_timing_out_raises_timeout_error_and_leaves_no_jvm(caplog):
+    """A load that times out is retried a bounded number of times (counted, not timed), then one clear error."""
     before = set(running_jvm_pids())
-    started = time.monotonic()
-    with pytest.raises(TimeoutError, match="could not be started"):
+    with caplog.at_level("WARNING"), pytest.raises(TimeoutError, match=f"could not be started and loaded in "
+                                                                        f"{jvm.RESTART_ATTEMPTS} attempts"):
         ScienceWorldTask("find-animal", load_timeout_s=0.05)
-    assert time.monotonic() - started < 30
+    attempts = [r for r in caplog.records if "simulator start failed" in r.getMessage()]
+    assert len(attempts) == jvm.RESTART_ATTEMPTS
     assert set(running_jvm_pids()) == before
 
 
@@ -151,7 +171,7 @@ def test_reset_info(animal):
     assert "animal" in info["task_description"]
     assert "inventory" in info["inventory"].lower()
     assert info["variation"] == animal.train_variations[0]
-    assert info["score"] == 8  # find-animal starts above 0 (MACHINE_NOTES)
+    assert info["score"] == simulator_scores("find-animal", animal.train_variations[0], [])[0] > 0
     assert info["env_restarted"] is False
     assert "look around" in info["valid_actions"]
     assert not META_ACTIONS & set(info["valid_actions"])
@@ -165,8 +185,15 @@ def test_gold_path_solves_power_component(power):
     assert final.score == 100 and final.info["completed"] and not final.info["failed"]
     assert sum(r.reward for r in results) == pytest.approx(final.score)
     assert all(not r.done for r in results[:-1])
-    # a score milestone before the solve: focusing on the bulb gives 63 (MACHINE_NOTES)
-    assert 63 in [r.score for r in results]
+    # each step's score until the circuit closes is the simulator's own for the same actions, milestones included.
+    # The bulb lights at the closing connection or one tick later depending on the JVM's history (measured: a fresh
+    # JVM whose first load generated a gold path lights it a tick later), so the last two steps are checked by the
+    # final score above.
+    actions = [r.info["executed_action"] for r in results]
+    scores = simulator_scores("power-component", 0, actions)[1:]
+    closing = max(i for i, action in enumerate(actions) if action.startswith("connect"))
+    assert [r.score for r in results[:closing]] == scores[:closing]
+    assert any(0 < score < 100 for score in scores[:closing])
     with pytest.raises(RuntimeError, match="reset"):
         power.step("look around")
 

@@ -248,23 +248,55 @@ def test_coin_in_first_room_is_exactly_where_taking_the_coin_at_once_wins():
                 assert env.step("take coin").score == 100
 
 
-def test_search_on_seen_and_unseen_games_counts_only_the_games_that_need_exploring():
-    """Searching against route-learning, on a committed CoinCollector run: the training share counts the tip-free episodes of
-    the last iterations on training games whose coin is not in the first room, the test share such test games."""
-    from empo2.experiments import training_episodes
-    from empo2.lessons import coin_in_first_room, searching_on_seen_and_unseen_games
-    from empo2.notebooks import ROOT
+def test_search_on_seen_and_unseen_games_counts_only_the_games_that_need_exploring(tmp_path):
+    """Searching against route-learning, on hand-made CoinCollector runs of two seeds: the training share counts the
+    tip-free episodes of the last 20 iterations on training games whose coin is not in the first room, the test
+    share the last evaluation's such test games, each the mean over the seeds of each seed's share."""
+    import numpy as np
+    import scipy.stats
 
-    folder = ROOT / "results" / "laptop" / "coin" / "grpo-coin-seed0"
-    cfg = EMPO2Config.from_dict(json.loads((folder / "config.json").read_text())["config"])
-    table = searching_on_seen_and_unseen_games([cfg], [folder], {"grpo": "GRPO", "empo2": "EMPO²"}, last_iterations=20)
-    assert list(table.index) == [("GRPO", cfg.n_train_variations)]  # only the methods given, only runs of them
-    row = table.loc[("GRPO", cfg.n_train_variations)]
-    elsewhere = ~coin_in_first_room(cfg, "train")
-    assert len(elsewhere) == cfg.n_train_variations and 0 < elsewhere.sum() < len(elsewhere)
-    trained = training_episodes(folder)
-    late = trained[(trained["iteration"] > cfg.iterations - 20) & trained["variation"].map(elsewhere)]
-    assert 0 < row["training episodes"] == len(late) < 20 * cfg.group_size
-    assert row["training success %"] == 100 * late["success"].mean()
-    assert row["test episodes"] == (~coin_in_first_room(cfg)).sum() < cfg.n_test_variations
-    assert row["training − test"] == row["training success %"] - row["test success %"]
+    from empo2.lessons import searching_on_seen_and_unseen_games
+    from tests.test_known_differences import episode, write_run
+
+    cfg = EMPO2Config.from_profile("laptop", env="textworld_express", task="coin", method="empo2",
+                                   n_train_variations=8, n_test_variations=8, results_dir=str(tmp_path))
+    # Where the coin lies, read off the room each game starts in: its description names the coin there.
+    with TextWorldExpressGame("coin", game_params=cfg.game_params, n_train_variations=8, n_test_variations=8) as env:
+        in_first_room = {v: "coin" in env.reset(v)[0] for v in [*env.train_variations, *env.test_variations]}
+        train_games, test_games = list(env.train_variations), list(env.test_variations)
+    explore_train = [v for v in train_games if not in_first_room[v]]
+    explore_test = [v for v in test_games if not in_first_room[v]]
+    first_room_train = [v for v in train_games if in_first_room[v]]
+    assert len(explore_train) >= 3 and first_room_train and len(explore_test) >= 3 and len(explore_test) < 8
+
+    took = {0: [True, True, True, False], 1: [True, False, True, False, False]}  # the counted training episodes
+    took_in_test = {0: 2, 1: 1}  # of the test games that need exploring, the first this many
+    rows_of = {}
+    for seed in (0, 1):
+        rows = [episode(41 + i, "train", 100 if won else 0, variation=explore_train[i % len(explore_train)],
+                        task="coin") for i, won in enumerate(took[seed])]
+        rows += [  # none of these counts: a game with the coin in the first room, an episode with tips, too early
+            episode(50, "train", 100, variation=first_room_train[0], task="coin"),
+            episode(50, "train", 100, mode="memory_on", variation=explore_train[0], task="coin"),
+            episode(40, "train", 100, variation=explore_train[0], task="coin"),
+            *[episode(40, "eval", 100, variation=v, task="coin") for v in test_games]]
+        rows += [episode(60, "eval", 100 if v not in explore_test or explore_test.index(v) < took_in_test[seed] else 0,
+                         variation=v, task="coin") for v in test_games]
+        rows_of[seed] = rows
+    configs = [dataclasses.replace(cfg, seed=seed) for seed in (0, 1)]
+    configs.append(dataclasses.replace(cfg, method="naive", seed=0))  # a method not asked for
+    folders = [write_run(c.run_dir, c.to_dict(), rows_of[c.seed]) for c in configs]
+    labels = {"grpo": "GRPO", "empo2": "EMPO²"}
+    table = searching_on_seen_and_unseen_games(configs, folders, labels, last_iterations=20)
+    assert list(table.index) == [("EMPO²", 8)]  # only the methods given, only runs of them
+    row = table.loc[("EMPO²", 8)]
+    # Training: seed 0 took the coin in 3 of 4 counted episodes, seed 1 in 2 of 5 (pooled: 5 of 9, 55.6 %).
+    # Test: seed 0 in 2, seed 1 in 1 of the games that need exploring.
+    training = [75.0, 40.0]
+    test = [100 * took_in_test[seed] / len(explore_test) for seed in (0, 1)]
+    for name, shares in (("training", training), ("test", test)):
+        low, high = scipy.stats.ttest_1samp(shares, 0.0).confidence_interval(0.95)
+        assert row[[f"{name} success %", f"{name} 95% low", f"{name} 95% high"]].tolist() == pytest.approx(
+            [np.mean(shares), low, high])
+    assert row["training episodes"] == 9 and row["test episodes"] == 2 * len(explore_test)
+    assert row["training − test"] == pytest.approx(57.5 - np.mean(test))
