@@ -17,7 +17,8 @@ Prints, for the laptop model (SmolLM2-135M, LoRA r8) on this machine's cores:
                                       without (θ_old's passes: a forward), at the measured throughput;
        evaluation                     as generation;
        environment, memory            measured only (no model work but the embedder's, a 22M-parameter encoder);
-     and the training episodes per CPU-hour (this machine's cores).
+     the training episodes per CPU-hour (this machine's cores); and the ceiling of one exact lever not built: the token reads an update would save if a group's shared
+     beginning (the longest first tokens all its updated episodes share) were computed once per group.
 
 FLOPs per token of a pass over a sequence of L tokens: 2 × (the trunk's linear weights) plus attention,
 4 × (hidden size) × (the position) per layer, causal; the LM head only at scored positions. The bound says how far
@@ -40,6 +41,7 @@ import torch
 from bench import read_bandwidth_gb_s  # benchmarks/bench.py, beside this file
 from empo2.config import EMPO2Config
 from empo2.generation import GroupGenerator
+from empo2.logprobs import forward_passes
 from empo2.models import load_policy
 from empo2.trainer import Trainer
 
@@ -130,6 +132,23 @@ def update_flops(shape: Shape, episodes, with_gradient: float, without: float) -
     return with_gradient * (2 * per_token + 2.5 * attention) + without * per_token
 
 
+def shared_beginning(episodes, advantages, packed: bool) -> float:
+    """The ceiling of a lever not built: the tokens an epoch of the update would not read if the longest beginning
+    that all of a group's updated episodes share (in the contexts they are trained in) were computed once for the
+    group instead of once per episode: (updated episodes − 1) × that beginning's length. A ceiling, since the update
+    can share only within a mini-batch, and the episodes' attention over the shared tokens remains."""
+    if advantages is None:
+        return 0.0
+    passes = [forward_passes(e, with_tips=e.trained_with_tips, packed=packed)[0][0]
+              for e, a in zip(episodes, advantages.tolist()) if e is not None and a != 0 and e.turns]
+    if len(passes) < 2:
+        return 0.0
+    length = 0
+    while all(len(ids) > length for ids in passes) and len({ids[length] for ids in passes}) == 1:
+        length += 1
+    return float((len(passes) - 1) * length)
+
+
 def measure(args, method: str, shape: Shape, throughput: float, bandwidth: float) -> dict:
     """The iterations and the evaluation of one method, with their counts and bounds."""
     parts = defaultdict(float)
@@ -145,7 +164,7 @@ def measure(args, method: str, shape: Shape, throughput: float, bandwidth: float
                 update = trainer.update
 
                 def keep(episodes, advantages, decisions=None, update=update, captured=captured):
-                    captured["episodes"] = episodes
+                    captured["episodes"], captured["advantages"] = episodes, advantages
                     return update(episodes, advantages, decisions)
 
                 trainer.update = keep
@@ -165,6 +184,8 @@ def measure(args, method: str, shape: Shape, throughput: float, bandwidth: float
                 parts["update tokens"] += with_gradient + without
                 parts["update bound"] += update_flops(shape, episodes, with_gradient, without) / throughput
                 parts["updates skipped"] += metrics.get("update/skipped", 0.0)
+                parts["shared beginning"] += cfg.ppo_epochs * shared_beginning(
+                    episodes, captured.get("advantages"), cfg.packed_logprobs)
             with SamplerCounts(shape) as sampled:
                 evaluation = trainer.evaluate()
             parts["evaluation"] = evaluation["time/evaluation"]
@@ -255,6 +276,10 @@ def report(method: str, m: dict, eval_games: int) -> None:
         against = f"{bound:8.2f} {seconds / bound:8.1f}" if bound else f"{'—':>8s} {'—':>8s}"
         print(f"  {name:40s} {seconds:8.2f} {tokens:8.0f} {per} {against}")
     print(f"  {'iteration':40s} {m['time/iteration']:8.2f}")
+    if m["update tokens"]:
+        share = m["shared beginning"] / m["update tokens"]
+        print(f"  a group's shared beginning computed once (not built): at most {m['shared beginning']:.0f} of the "
+              f"update's {m['update tokens']:.0f} token reads ({100 * share:.0f}%), at most {share * m['time/update']:.1f} s")
     print(f"  evaluation of {eval_games} games: {m['evaluation']:.1f} s, {m['evaluation tokens']:.0f} tokens, bound "
           f"{m['evaluation bound']:.1f} s ({m['evaluation'] / m['evaluation bound']:.1f}x)")
     episodes = m["episodes"] / m["counted"]

@@ -1,19 +1,26 @@
-"""No command deletes a run's records unless asked, on the real `ci` profile (ScienceWorld, default model):
-`eval` writes beside a run and plays its final weights, a second `train` refuses, a command-line run is
-the run the notebooks read, full fine-tuning with a KL term updates, and a kill while a checkpoint or the
-final weights are being written loses nothing that resume cannot replay exactly."""
+"""No command deletes a run's records unless asked, and a killed run loses nothing that resume cannot replay.
+
+On the real `ci` profile (ScienceWorld's power-component, default model): `eval` writes beside a run and plays
+its final weights, a second `train` refuses, and a command-line run is the run the notebooks read. On WebShop at
+the paper profile (cut down to a few steps): full fine-tuning with a KL term updates. A run SIGKILLed while it
+writes resumes with `--resume` to the records of a run never stopped (metrics but their clock readings, episodes,
+tips, final weights): killed while writing a checkpoint on the real games at the `ci` profile, CoinCollector
+(TextWorldExpress) and ScienceWorld's power-component; killed while writing a checkpoint or the final weights on
+the toy corridor (seconds a run)."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from empo2 import experiments, suite
-from empo2.__main__ import main
+from empo2.__main__ import build_parser, config_from_args, main
 from empo2.config import EMPO2Config
 from empo2.trainer import Trainer
 
@@ -152,21 +159,66 @@ with Trainer(cfg, show_progress=False) as trainer:
 """
 
 
-@pytest.mark.parametrize("where", ["checkpoint", "final weights"])
-def test_a_run_killed_while_writing_resumes_exactly_from_the_previous_checkpoint(tmp_path, where):
-    cfg = EMPO2Config.from_profile("ci", env="corridor", experiment="kill", results_dir=str(tmp_path), max_steps=3,
-                                   response_tokens=8, tip_tokens=8, p=0.5, iterations=3 if where == "checkpoint" else 2,
-                                   eval_every=1, checkpoint_every=1, n_test_variations=2, eval_variations=1, lr=1e-3,
-                                   intrinsic_coef=1.0)
-    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, cfg.to_json(), where], cwd=ROOT, capture_output=True,
-                            text=True, timeout=600)
-    assert killed.returncode == -9, killed.stderr[-2000:]
+def _jvms_of(pid: int) -> list[int]:
+    """The live JVMs that process `pid` started (their command line carries its owner tag, `empo2.envs.jvm`)."""
+    prefix, found = f"-Dempo2.jvm.owner={pid}.".encode(), []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.startswith(prefix) for arg in argv):
+            found.append(int(entry))
+    return found
+
+
+def _kill_while_writing(cfg: EMPO2Config, where: str) -> None:
+    """Train `cfg` in a child process that SIGKILLs itself while writing iteration 2's checkpoint (`where` is
+    "checkpoint") or the final weights; check that it died there, and that no JVM of it outlived it."""
+    child = subprocess.Popen([sys.executable, "-c", KILLED_RUN, cfg.to_json(), where], cwd=ROOT, text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, stderr = child.communicate(timeout=600)
+    left = _jvms_of(child.pid)
+    for _ in range(300):  # the JVMs (py4j's die_on_exit) stop when their stdin closes with the child
+        if not left:
+            break
+        time.sleep(0.1)
+        left = _jvms_of(child.pid)
+    for pid in left:  # never left running on a shared machine, even when the test fails
+        os.kill(pid, 9)
+    assert child.returncode == -9, stderr[-2000:]
+    assert not left, f"JVMs {left} outlived the killed run"
     folder = cfg.run_dir
     assert not (folder / "summary.json").exists() and not (folder / "final_weights.pt").exists()
     if where == "checkpoint":
         assert (folder / "checkpoints" / ".partial-00002" / "weights.pt").exists()  # half a checkpoint
         assert (folder / "checkpoints" / "latest").read_text() == "iter-00001"
         assert [r["iteration"] for r in _rows(folder / "metrics.jsonl")] == [1, 2]  # iteration 2 was recorded
+
+
+def _assert_same_records(resumed: Path, straight: Path) -> None:
+    """The records of a resumed run are those of a run never stopped: metrics and summary but their clock
+    readings, every episode (actions, scores, tips shown and written), every tip, and the final weights."""
+    without_timings = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIX)}  # noqa: E731
+                                    for r in rows]
+    assert without_timings(_rows(resumed / "metrics.jsonl")) == without_timings(_rows(straight / "metrics.jsonl"))
+    summary = lambda folder: without_timings([json.loads((folder / "summary.json").read_text())])  # noqa: E731
+    assert summary(resumed) == summary(straight)
+    assert _rows(resumed / "episodes.jsonl") == _rows(straight / "episodes.jsonl")
+    assert _rows(resumed / "tips.jsonl") == _rows(straight / "tips.jsonl")
+    weights, uninterrupted = (torch.load(f / "final_weights.pt") for f in (resumed, straight))
+    assert weights.keys() == uninterrupted.keys()
+    assert all(torch.equal(weights[n], uninterrupted[n]) for n in weights)
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "final weights"])
+def test_a_run_killed_while_writing_resumes_exactly_from_the_previous_checkpoint(tmp_path, where):
+    """The toy corridor, at both kill points: memory-augmented rollouts half the time and three iterations."""
+    cfg = EMPO2Config.from_profile("ci", env="corridor", experiment="kill", results_dir=str(tmp_path), max_steps=3,
+                                   response_tokens=8, tip_tokens=8, p=0.5, iterations=3 if where == "checkpoint" else 2,
+                                   eval_every=1, checkpoint_every=1, n_test_variations=2, eval_variations=1, lr=1e-3,
+                                   intrinsic_coef=1.0)
+    _kill_while_writing(cfg, where)
     with Trainer(cfg, resume=True, show_progress=False) as trainer:
         assert trainer.iteration == (1 if where == "checkpoint" else 2)
         trainer.train()
@@ -174,15 +226,40 @@ def test_a_run_killed_while_writing_resumes_exactly_from_the_previous_checkpoint
     straight = EMPO2Config.from_dict({**cfg.to_dict(), "run_name": "straight"})
     with Trainer(straight, show_progress=False) as trainer:
         trainer.train()
-    without_timings = lambda rows: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIX)}  # noqa: E731
-                                    for r in rows]
-    for name in ("metrics.jsonl", "summary.json"):
-        a, b = (f / name for f in (folder, straight.run_dir))
-        rows_a, rows_b = (_rows(a), _rows(b)) if name.endswith("jsonl") else ([json.loads(a.read_text())],
-                                                                              [json.loads(b.read_text())])
-        assert without_timings(rows_a) == without_timings(rows_b), name
-    assert _rows(folder / "episodes.jsonl") == _rows(straight.run_dir / "episodes.jsonl")
-    assert _rows(folder / "tips.jsonl") == _rows(straight.run_dir / "tips.jsonl")
-    resumed, uninterrupted = (torch.load(f / "final_weights.pt") for f in (folder, straight.run_dir))
-    assert resumed.keys() == uninterrupted.keys()
-    assert all(torch.equal(resumed[n], uninterrupted[n]) for n in resumed)
+    _assert_same_records(cfg.run_dir, straight.run_dir)
+
+
+REAL_GAMES = {"coin": "textworld_express", "power-component": "scienceworld"}
+
+
+@pytest.mark.parametrize("task", list(REAL_GAMES))
+def test_a_real_game_run_killed_while_writing_a_checkpoint_resumes_exactly(tmp_path, request, task):
+    """The `ci` profile's EMPO² run on a real game (real JVMs, the real model), SIGKILLed between the weights and
+    the memory of its last checkpoint (iteration 2), then `train --resume`: iteration 2 is played again from
+    iteration 1's checkpoint to the records of the same command never stopped. On ScienceWorld that is the
+    module's command-line run (its config is the same but for where it lives)."""
+    args = ["train", "--profile", "ci", "--env", REAL_GAMES[task], "--task", task, "--method", "empo2", "--quiet",
+            "--set", f"results_dir={tmp_path}"]
+    if task == "coin":  # every rollout memory-augmented: iteration 2 plays with the tips of the restored memory
+        args += ["--set", "p=1.0"]
+    cfg = config_from_args(build_parser().parse_args([*args, "--experiment", "kill"]))
+    _kill_while_writing(cfg, "checkpoint")
+    main([*args, "--experiment", "kill", "--resume"])
+    if task == "power-component":
+        _, straight = request.getfixturevalue("cli_run")
+    else:
+        main(args)
+        straight = config_from_args(build_parser().parse_args(args)).run_dir
+    where = {"results_dir", "experiment", "run_name"}
+    assert {k: v for k, v in json.loads((straight / "config.json").read_text())["config"].items() if k not in where} \
+        == {k: v for k, v in json.loads(cfg.to_json()).items() if k not in where}
+    _assert_same_records(cfg.run_dir, straight)
+    # What was compared: both phases' episodes and written tips; on CoinCollector iteration 2's episodes were shown
+    # tips (retrieved from the memory its resume restored), and its modes differ from iteration 1's (drawn from the
+    # restored generator: a fresh one draws iteration 1's again).
+    episodes = _rows(straight / "episodes.jsonl")
+    assert {r["phase"] for r in episodes} == {"train", "eval"} and _rows(straight / "tips.jsonl")
+    if task == "coin":
+        modes = [[r["mode"] for r in episodes if r["phase"] == "train" and r["iteration"] == i] for i in (1, 2)]
+        assert modes[0] != modes[1]
+        assert all(r["tips_shown"] for r in episodes if r["phase"] == "train" and r["iteration"] == 2)
