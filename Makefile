@@ -78,11 +78,14 @@ $(VLLM_VENV)/.installed: pyproject.toml | java
 	touch $@
 
 # The vLLM engine on this CPU: its log-probs against the policy's, three ways, in float32 (exact, with either
-# weight sync) and bf16 (the tokens way held to 0.1), then a ci training on it.
+# weight sync) and bf16 (within twice the learner's own bf16 rounding, measured); an engine that is never sent the
+# adapter must fail in both dtypes; then a ci training on it.
 vllm-check: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype float32 --weight-sync adapter
 	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype float32 --weight-sync weights
 	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype bfloat16 --weight-sync adapter
+	! $(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype float32 --broken
+	! $(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype bfloat16 --broken
 	$(VLLM_VENV)/bin/python -m empo2 train --profile ci --task power-component --set rollout_engine=vllm \
 	  --set results_dir=$(VLLM_VENV)/runs --overwrite
 

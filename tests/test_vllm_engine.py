@@ -470,17 +470,34 @@ def test_engine_reloads_merged_weights_when_they_change_and_empties_its_prefix_c
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 
-@pytest.mark.skipif(not VLLM_PYTHON.exists(),
-                    reason="vLLM's CPU build is not installed here: `make vllm-check` builds .venv-vllm and runs this")
+def run_check(*options: str) -> tuple[int, list[str], str]:
+    """`python -m empo2.vllm_engine` in .venv-vllm: its exit code, its `vllm` lines, and the tail of its output."""
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "empo2.vllm_engine", "--device", "cpu", *options],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("vllm")]
+    return done.returncode, lines, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+NO_VLLM = "vLLM's CPU build is not installed here: `make vllm-check` builds .venv-vllm and runs this"
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=NO_VLLM)
 @pytest.mark.parametrize("sync", ve.WEIGHT_SYNCS)
 def test_the_engine_on_this_cpu_samples_what_the_update_scores(sync):
     """The real engine, float32, with a non-zero adapter sent either way: the three ways' log-probs equal the
     policy's within 1e-3, where the adapter moves them by far more (a sync that did not arrive would fail)."""
-    done = subprocess.run([str(VLLM_PYTHON), "-m", "empo2.vllm_engine", "--device", "cpu", "--dtype", "float32",
-                           "--weight-sync", sync],
-                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          timeout=600)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("vllm")]
-    assert done.returncode == 0 and len(lines) == 4 and "PASSED" in lines[-1], done.stdout[-2000:] + done.stderr[-2000:]
+    code, lines, tail = run_check("--dtype", "float32", "--weight-sync", sync)
+    assert code == 0 and len(lines) == 4 and "PASSED" in lines[-1], tail
     moved = [float(line.split("moves them up to ")[1].split()[0]) for line in lines[:3]]
-    assert max(moved) > 0.01, lines
+    assert min(moved) > 2 * ve.CHECK_FLOAT32_BOUND, lines
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=NO_VLLM)
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+def test_an_engine_that_never_receives_the_adapter_fails_the_check(dtype):
+    """The check can fail: the same engine, sampling the base model because the adapter is never sent, is caught in
+    both dtypes (its gaps are the adapter's effect, above the bound)."""
+    code, lines, tail = run_check("--dtype", dtype, "--broken")
+    assert code == 1 and len(lines) == 4 and "FAILED" in lines[-1], tail
+    assert all("NOT held" in line for line in lines[:3]), lines
