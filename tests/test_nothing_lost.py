@@ -9,11 +9,9 @@ tips, final weights): killed while writing a checkpoint on the real games at the
 the toy corridor (seconds a run)."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from empo2 import experiments, suite
 from empo2.__main__ import build_parser, config_from_args, main
 from empo2.config import EMPO2Config
 from empo2.trainer import Trainer
+from tests.processes import reap_jvms_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING_PREFIX = "time/"
@@ -159,33 +158,13 @@ with Trainer(cfg, show_progress=False) as trainer:
 """
 
 
-def _jvms_of(pid: int) -> list[int]:
-    """The live JVMs that process `pid` started (their command line carries its owner tag, `empo2.envs.jvm`)."""
-    prefix, found = f"-Dempo2.jvm.owner={pid}.".encode(), []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.startswith(prefix) for arg in argv):
-            found.append(int(entry))
-    return found
-
-
 def _kill_while_writing(cfg: EMPO2Config, where: str) -> None:
     """Train `cfg` in a child process that SIGKILLs itself while writing iteration 2's checkpoint (`where` is
     "checkpoint") or the final weights; check that it died there, and that no JVM of it outlived it."""
     child = subprocess.Popen([sys.executable, "-c", KILLED_RUN, cfg.to_json(), where], cwd=ROOT, text=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, stderr = child.communicate(timeout=600)
-    left = _jvms_of(child.pid)
-    for _ in range(300):  # the JVMs (py4j's die_on_exit) stop when their stdin closes with the child
-        if not left:
-            break
-        time.sleep(0.1)
-        left = _jvms_of(child.pid)
-    for pid in left:  # never left running on a shared machine, even when the test fails
-        os.kill(pid, 9)
+    left = reap_jvms_of(child.pid)
     assert child.returncode == -9, stderr[-2000:]
     assert not left, f"JVMs {left} outlived the killed run"
     folder = cfg.run_dir

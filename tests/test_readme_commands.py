@@ -45,7 +45,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -53,6 +52,7 @@ import pytest
 
 from empo2.__main__ import build_parser, config_from_args
 from empo2.config import EMPO2Config
+from tests.processes import reap_jvms_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHERS = ("python -m empo2", "torchrun ", "accelerate launch ")
@@ -161,19 +161,6 @@ def _runs_under(results: Path) -> list[Path]:
     return sorted(p.parent for p in results.rglob("config.json") if "evaluations" not in p.parts)
 
 
-def _jvms_of(pid: int) -> list[int]:
-    """The live JVMs that process `pid` started (their command line carries its owner tag, `empo2.envs.jvm`)."""
-    prefix, found = f"-Dempo2.jvm.owner={pid}.".encode(), []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.startswith(prefix) for arg in argv):
-            found.append(int(entry))
-    return found
-
-
 class Commands:
     """Runs the documented commands as subprocesses in a scratch folder, with the repository on the path."""
 
@@ -193,14 +180,7 @@ class Commands:
         child = subprocess.Popen([sys.executable, "-c", KILLED_AFTER_FIRST_CHECKPOINT, *cli], cwd=self.scratch,
                                  env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         _, stderr = child.communicate(timeout=900)
-        left = _jvms_of(child.pid)
-        for _ in range(300):  # the JVMs (py4j's die_on_exit) stop when their stdin closes with the child
-            if not left:
-                break
-            time.sleep(0.1)
-            left = _jvms_of(child.pid)
-        for pid in left:  # never left running on a shared machine, even when the test fails
-            os.kill(pid, signal.SIGKILL)
+        left = reap_jvms_of(child.pid)
         assert child.returncode == -signal.SIGKILL, stderr[-3000:]
         assert not left, f"JVMs {left} outlived the killed run"
 

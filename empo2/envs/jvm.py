@@ -97,9 +97,9 @@ def _pids_with_cmdline_arg(arg: str) -> list[int]:
     return [pid for pid, argv in _process_argvs() if needle in argv]
 
 
-def running_jvm_pids() -> list[int]:
-    """PIDs of the live JVMs that this Python process started through this module."""
-    prefix = f"{_owner_token()}.".encode()
+def running_jvm_pids(owner: int | None = None) -> list[int]:
+    """PIDs of the live JVMs that process `owner` (default: this Python process) started through this module."""
+    prefix = f"{_OWNER_PROPERTY}={os.getpid() if owner is None else owner}.".encode()
     return [pid for pid, argv in _process_argvs() if any(a.startswith(prefix) for a in argv)]
 
 
