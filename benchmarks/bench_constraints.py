@@ -33,8 +33,8 @@ import time
 
 import torch
 
-from empo2.constrained import ActionEncoder
-from empo2.generation import allowed_mask
+from empo2.llm.constrained import ActionEncoder
+from empo2.llm.generation import allowed_mask
 
 
 def collect_action_lists(tasks: list[str], walk: int, keep: int, seed: int) -> list[list[str]]:
@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the machines have 2 cores)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from empo2.models import load_tokenizer
+    from empo2.llm.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     vocab = len(tokenizer)

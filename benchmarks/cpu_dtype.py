@@ -6,7 +6,7 @@ Times, for the real SmolLM2-135M policy with the laptop profile's LoRA adapter, 
 most: a forward and backward pass over `--tokens` tokens (the update) and greedy generation of `--new-tokens`
 tokens (the rollouts), once in each dtype (after one warm-up), and prints seconds and the bfloat16 / float32
 ratio. On CPUs with AMX or AVX512-bf16 bfloat16 is faster; on the others (AVX2 only, most laptops) it is
-emulated and many times slower, so `empo2.models.default_dtype` takes float32 there.
+emulated and many times slower, so `empo2.llm.models.default_dtype` takes float32 there.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from empo2.models import default_dtype, load_policy
+from empo2.llm.models import default_dtype, load_policy
 
 
 def _seconds(work) -> float:

@@ -40,10 +40,10 @@ import torch
 
 from bench import read_bandwidth_gb_s  # benchmarks/bench.py, beside this file
 from empo2.config import EMPO2Config
-from empo2.generation import GroupGenerator
-from empo2.logprobs import forward_passes
-from empo2.models import load_policy
-from empo2.trainer import Trainer
+from empo2.llm.generation import GroupGenerator
+from empo2.llm.logprobs import forward_passes
+from empo2.llm.models import load_policy
+from empo2.method.trainer import Trainer
 
 
 class Shape:
@@ -238,7 +238,7 @@ def attention_kernels(length: int = 1300, repeats: int = 5) -> None:
 def batched_passes(model, lengths=(1100, 1150, 1050, 1200)) -> None:
     """A lever measured and not kept: θ_old's no-grad passes over four episodes, one at a time (today) or as one
     right-padded batch (the padding mask takes attention off the flash kernel)."""
-    from empo2.generation import trunk_and_head
+    from empo2.llm.generation import trunk_and_head
 
     trunk, _ = trunk_and_head(model)
     rng = torch.Generator().manual_seed(0)

@@ -1,5 +1,5 @@
 """How much of a trained LoRA adapter survives when it is merged into the base weights in each dtype: what the vLLM
-engine's `weights` sync (empo2.vllm_engine.merged_weights) sends, against the policy that keeps the adapter apart.
+engine's `weights` sync (empo2.llm.vllm_engine.merged_weights) sends, against the policy that keeps the adapter apart.
 
     python benchmarks/merge_precision.py RUN/checkpoints/iter-00010/weights.pt [RUN/final_weights.pt ...]
 
@@ -17,8 +17,8 @@ import copy
 import torch
 
 from empo2 import ROOT
-from empo2.models import load_policy, load_trained_weights
-from empo2.vllm_engine import merged_weights
+from empo2.llm.models import load_policy, load_trained_weights
+from empo2.llm.vllm_engine import merged_weights
 
 
 def main() -> None:

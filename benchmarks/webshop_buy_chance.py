@@ -18,7 +18,7 @@ import torch
 
 from empo2.config import EMPO2Config
 from empo2.envs.webshop import BACK_TO_SEARCH, BUY_NOW, PREV_PAGE, SUB_PAGES, WebShopEnv
-from empo2.models import load_policy
+from empo2.llm.models import load_policy
 from empo2.prompts import SYSTEM_PROMPT
 
 NAVIGATION = {f"click[{button}]" for button in (BUY_NOW, BACK_TO_SEARCH, PREV_PAGE, *SUB_PAGES)}

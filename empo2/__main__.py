@@ -61,8 +61,8 @@ def demo(args) -> None:
 
     from empo2.envs import env_from_config
     from empo2.episode import PLAIN
-    from empo2.models import load_policy
-    from empo2.rollout import Roller
+    from empo2.llm.models import load_policy
+    from empo2.method.rollout import Roller
 
     try:
         cfg = EMPO2Config.from_profile("laptop", task=args.task or "power-component", max_steps=args.steps,
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         demo(args)
         return
     if args.command == "replay":
-        from empo2.replay import replay
+        from empo2.method.replay import replay
 
         try:
             found = replay(args.run_dir, args.iterations)
@@ -159,10 +159,10 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     from empo2.envs import GameError
-    from empo2.experiments import is_finished
-    from empo2.models import default_dtype, resolve_policy_path
+    from empo2.analysis.experiments import is_finished
+    from empo2.llm.models import default_dtype, resolve_policy_path
     from empo2.runs import DONE_FILE, RunError
-    from empo2.trainer import Trainer, evaluate_run
+    from empo2.method.trainer import Trainer, evaluate_run
 
     cfg = config_from_args(args)
     try:  # before anything slow starts (model load, JVMs)

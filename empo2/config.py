@@ -23,10 +23,21 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from empo2.envs import ENV_NAMES
 from empo2.prompts import TIP_TEMPLATES
 
 METHODS = ("empo2", "grpo", "naive", "memory_only")
 PROFILES = ("ci", "laptop", "paper")
+CHOICES = {
+    "method": METHODS, "profile": PROFILES, "env": ENV_NAMES, "mode_granularity": ("rollout", "iteration"),
+    "memory_scope": ("variation", "task"), "delta_mode": ("token", "sequence", "none"),
+    "prompt_style": ("chat", "single_turn"), "action_decoding": ("free", "constrained"),
+    "tip_decoding": ("free", "constrained"), "tip_template": TIP_TEMPLATES, "webshop_goals": ("synthetic", "human"),
+    "webshop_query": ("free", "words"), "rollout_engine": ("transformers", "vllm"),
+    "vllm_constraint": ("tokens", "choice"), "vllm_weight_sync": ("adapter", "weights"),
+}
+"""The allowed values of each option that takes one of a few, declared once: `validate`, the command line and the
+modules that take these options check against this."""
 SPLIT_FIELDS = ("n_train_variations", "n_test_variations")
 
 
@@ -143,7 +154,7 @@ class EMPO2Config:
     rollout_engine: str = "transformers"
     """Who samples rollouts: transformers (the policy itself, any device) or vllm (a vLLM engine beside the
     policy: on a GPU with the gpu extra, on a CPU with vLLM's CPU build (`make vllm-check`); the policy's
-    weights reach it as vllm_weight_sync says). See empo2.vllm_engine."""
+    weights reach it as vllm_weight_sync says). See empo2.llm.vllm_engine."""
     vllm_weight_sync: str = "adapter"
     """vllm: how the policy's weights reach the engine when they change. adapter: the LoRA adapter, saved under a new
     id and applied by vLLM's LoRA kernels (LoRA only; exact in any dtype); weights: every weight, each LoRA layer
@@ -234,18 +245,9 @@ class EMPO2Config:
             value, kinds = getattr(self, spec.name), _FIELD_TYPES.get(spec.type)
             if kinds and (not isinstance(value, kinds) or (spec.type != "bool" and isinstance(value, bool))):
                 raise ValueError(f"{spec.name}: {value!r} is not allowed; need {_A_TYPE[spec.type]}")
-        choices = {
-            "method": METHODS, "profile": PROFILES, "env": ("scienceworld", "webshop", "textworld_express", "corridor"),
-            "mode_granularity": ("rollout", "iteration"), "memory_scope": ("variation", "task"),
-            "delta_mode": ("token", "sequence", "none"), "device": None, "prompt_style": ("chat", "single_turn"),
-            "action_decoding": ("free", "constrained"), "tip_decoding": ("free", "constrained"),
-            "tip_template": TIP_TEMPLATES,
-            "webshop_goals": ("synthetic", "human"), "webshop_query": ("free", "words"), "rollout_engine": ("transformers", "vllm"),
-            "vllm_constraint": ("tokens", "choice"), "vllm_weight_sync": ("adapter", "weights"),
-        }
-        for name, allowed in choices.items():
+        for name, allowed in CHOICES.items():
             value = getattr(self, name)
-            if allowed is not None and value not in allowed:
+            if value not in allowed:
                 raise ValueError(f"{name}: {value!r} is not allowed; choose one of {', '.join(allowed)}")
         if self.env == "scienceworld":
             from empo2.envs.scienceworld import TASK_NAMES

@@ -68,23 +68,6 @@ def provenance() -> dict:
     }
 
 
-def episode_row(episode, iteration: int, phase: str, advantage: float | None = None) -> dict:
-    """One row of episodes.jsonl: what an episode did and scored, and the tokens it carried (`context_tokens`)."""
-    from empo2.logprobs import context_tokens
-
-    return {
-        "iteration": iteration, "phase": phase, "task": episode.task, "variation": episode.variation,
-        "mode": episode.mode_name, "score": episode.score, "intrinsic": episode.intrinsic_return,
-        "advantage": advantage, "steps": len(episode.turns), "success": episode.success,
-        "truncated": episode.truncated, "env_restarts": episode.env_restarts,
-        "actions": [turn.executed_action for turn in episode.turns],
-        "raw_actions": [turn.raw_action for turn in episode.turns],
-        "tips_shown": sum(len(turn.tips_shown) for turn in episode.turns), "tip": episode.tip,
-        "tip_ids": episode.tip_ids, "tip_cut": episode.tip_cut, "tokens": context_tokens(episode),
-        "decisions": episode.decision_count(), "entropy": episode.decision_entropy(),
-    }
-
-
 ROW_FILES = ("metrics.jsonl", "episodes.jsonl", "tips.jsonl")
 DONE_FILE = "summary.json"
 """Written last, when a run finished; its presence marks a run as reusable."""

@@ -16,7 +16,7 @@ stops with exit code 2 naming each. Then it trains `ITERATIONS` iterations of th
 profile (LoRA, constrained decoding), evaluates once, and, if no iteration had an update
 (a group whose returns were all equal), runs one update with fixed advantages +1/-1 so
 the backward pass is always exercised. When vLLM is installed and DEVICE is cuda it also
-runs `python -m empo2.vllm_engine` (vLLM's log-probs against the policy's own).
+runs `python -m empo2.llm.vllm_check` (vLLM's log-probs against the policy's own).
 Exit code: 0 passed, 1 failed, 2 something needed is missing.
 """
 
@@ -54,7 +54,7 @@ def missing_requirements(cfg) -> list[str]:
     has = lambda module: importlib.util.find_spec(module) is not None  # noqa: E731
     needs = [("torch", "the policy"), ("transformers", "the policy"), ("peft", "LoRA adapters"),
              ("numpy", "everything"), ("tqdm", "the trainer's progress bars"),
-             ("faiss", "empo2.memory imports it at import time and the trainer builds a tip memory for every "
+             ("faiss", "empo2.method.memory imports it at import time and the trainer builds a tip memory for every "
                        "method, GRPO too (no fallback): pip install faiss-cpu (or faiss-gpu-cu12)")]
     needs_embedder = cfg.rollout_p > 0 or cfg.writes_tips or cfg.uses_novelty
     if needs_embedder and cfg.embedder == "all-minilm-l6-v2":
@@ -74,7 +74,7 @@ def missing_requirements(cfg) -> list[str]:
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         missing.append(f"CUDA: DEVICE={cfg.device} but torch {torch.__version__} sees no GPU (DEVICE=cpu runs on the CPU)")
     if has("transformers"):
-        from empo2.models import DEFAULT_POLICY, cache_dir, resolve_policy_path
+        from empo2.llm.models import DEFAULT_POLICY, cache_dir, resolve_policy_path
 
         converted = cache_dir() / "models" / "SmolLM2-135M-Instruct" / "model.safetensors"
         if cfg.model == DEFAULT_POLICY:
@@ -112,7 +112,7 @@ def train(cfg, summary: list[str]) -> None:
     import torch
 
     from empo2.episode import PLAIN
-    from empo2.trainer import Trainer
+    from empo2.method.trainer import Trainer
 
     start = time.perf_counter()
     trainer = Trainer(cfg, show_progress=False)
@@ -158,7 +158,7 @@ def train(cfg, summary: list[str]) -> None:
 
 
 def vllm_stage(summary: list[str], limit: float) -> bool:
-    """Run `python -m empo2.vllm_engine` when vLLM is installed; True unless it ran and failed."""
+    """Run `python -m empo2.llm.vllm_check` when vLLM is installed; True unless it ran and failed."""
     if importlib.util.find_spec("vllm") is None:
         summary.append("vllm check       skipped: vllm is not installed")
         return True
@@ -166,9 +166,9 @@ def vllm_stage(summary: list[str], limit: float) -> bool:
     if left < 60:
         summary.append(f"vllm check       skipped: {left:.0f} s left of LIMIT")
         return True
-    log("vllm check: python -m empo2.vllm_engine")
+    log("vllm check: python -m empo2.llm.vllm_check")
     try:
-        done = subprocess.run([sys.executable, "-m", "empo2.vllm_engine"], capture_output=True, text=True, timeout=left)
+        done = subprocess.run([sys.executable, "-m", "empo2.llm.vllm_check"], capture_output=True, text=True, timeout=left)
     except subprocess.TimeoutExpired:
         summary.append(f"vllm check       FAILED: did not finish in {left:.0f} s")
         return False

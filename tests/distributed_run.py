@@ -12,7 +12,7 @@ import argparse
 import torch
 
 from empo2.config import EMPO2Config
-from empo2.trainer import Trainer
+from empo2.method.trainer import Trainer
 
 
 def config(results_dir: str, name: str, full: bool = False) -> EMPO2Config:

@@ -6,7 +6,7 @@ import torch
 
 @pytest.fixture(scope="session")
 def policy_and_tokenizer():
-    from empo2.models import load_policy
+    from empo2.llm.models import load_policy
 
     torch.set_num_threads(2)
     return load_policy()
@@ -15,7 +15,7 @@ def policy_and_tokenizer():
 @pytest.fixture(scope="session")
 def policy_fp32():
     """The default policy in float32, for exact-equality tests of cached vs re-encoded paths."""
-    from empo2.models import load_policy
+    from empo2.llm.models import load_policy
 
     return load_policy(dtype=torch.float32)
 
@@ -27,6 +27,6 @@ def tokenizer(policy_and_tokenizer):
 
 @pytest.fixture(scope="session")
 def embedder():
-    from empo2.models import Embedder
+    from empo2.llm.models import Embedder
 
     return Embedder()

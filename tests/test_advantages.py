@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from empo2.advantages import grpo_advantages
+from empo2.method.advantages import grpo_advantages
 
 
 def test_grpo_advantages_hand_computed():

@@ -12,12 +12,12 @@ import json
 import papermill
 import pytest
 
-from empo2 import trainer
 from empo2.__main__ import config_from_args, build_parser, main
+from empo2.analysis.notebooks import NOTEBOOKS, check_parameters, notebook_paths
 from empo2.config import EMPO2Config
 from empo2.envs import env_from_config
 from empo2.envs.jvm import running_jvm_pids
-from empo2.notebooks import NOTEBOOKS, check_parameters, notebook_paths
+from empo2.method import trainer
 from empo2.runs import RunFolder
 
 COIN = ["--env", "textworld_express", "--task", "coin"]

@@ -7,13 +7,13 @@ float32, so that "equal" can mean 1e-4 (see tests/test_generation.py).
 import pytest
 import torch
 
-from empo2.constrained import ActionEncoder
 from empo2.envs import make_env
 from empo2.envs.webshop import WebShopEnv
-from empo2.logprobs import episode_logprobs
 from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
-from empo2.memory import TipMemory
-from empo2.rollout import Roller
+from empo2.llm.constrained import ActionEncoder
+from empo2.llm.logprobs import episode_logprobs
+from empo2.method.memory import TipMemory
+from empo2.method.rollout import Roller
 
 
 def test_trie_spells_exactly_the_admissible_actions(tokenizer):
@@ -156,7 +156,7 @@ def test_sampler_entropies_are_the_renormalised_distributions_entropies(sciencew
 
 
 def test_a_forced_position_contributes_zero(scienceworld_episodes):
-    from empo2.update import TokenBatch
+    from empo2.method.update import TokenBatch
 
     model, _, episodes, _, _ = scienceworld_episodes
     episode = episodes[0]

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-import empo2
 from empo2 import ROOT
+import empo2
 
 DOCUMENTS = ["README.md", "notebooks/README.md", "results/README.md"] + sorted(
     str(p.relative_to(ROOT)) for p in [*(ROOT / "docs").glob("*.md"), *(ROOT / "notebooks").glob("*.ipynb")])
@@ -88,7 +88,7 @@ def test_every_page_a_document_links_to_exists(document):
 
 
 def test_the_readme_is_a_front_page():
-    from empo2.report import CLAIMS_END, CLAIMS_START
+    from empo2.analysis.report import CLAIMS_END, CLAIMS_START
 
     text = (ROOT / "README.md").read_text()
     before, _, rest = text.partition(CLAIMS_START)

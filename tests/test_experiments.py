@@ -8,11 +8,11 @@ import sys
 
 import numpy as np
 
-from empo2 import experiments
+from empo2.analysis import experiments
+from empo2.analysis.experiments import training_curve
+from empo2.analysis.notebooks import ROOT
 from empo2.config import EMPO2Config
-from empo2.lessons import training_curve
-from empo2.models import default_dtype
-from empo2.notebooks import ROOT
+from empo2.llm.models import default_dtype
 
 
 def _tiny(tmp_path, experiment):
@@ -23,7 +23,7 @@ def _tiny(tmp_path, experiment):
 def test_a_run_held_by_another_process_is_waited_for_then_reused(tmp_path):
     cfg = _tiny(tmp_path, "lock")
     experiments.run(cfg, show_progress=False)
-    code = ("import json, sys; from empo2 import experiments; from empo2.config import EMPO2Config; "
+    code = ("import json, sys; from empo2.analysis import experiments; from empo2.config import EMPO2Config; "
             "experiments.run(EMPO2Config.from_dict(json.loads(sys.argv[1])), show_progress=False)")
     with experiments.run_lock(cfg.run_dir):
         other = subprocess.Popen([sys.executable, "-c", code, cfg.to_json()], stdout=subprocess.PIPE, text=True,
@@ -37,7 +37,7 @@ def test_a_run_held_by_another_process_is_waited_for_then_reused(tmp_path):
 
 def test_a_study_lane_moves_past_a_run_another_lane_holds_and_takes_it_once_free(tmp_path):
     folder = tmp_path / "study" / "arm-seed10"
-    code = ("import sys; from pathlib import Path; from empo2 import experiments\n"
+    code = ("import sys; from pathlib import Path; from empo2.analysis import experiments\n"
             "with experiments.lane_claim(Path(sys.argv[1])) as mine: print(mine)")
     ask = lambda: subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True,  # noqa: E731
                                  timeout=120, cwd=os.getcwd()).stdout.strip()

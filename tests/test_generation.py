@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from empo2.chat import ChatFormat, Message
-from empo2.generation import GroupGenerator
+from empo2.llm.generation import GroupGenerator
 
 OBSERVATIONS = [
     ["You are in the kitchen. A door leads to the hallway.", "The door is open.", "You are in the hallway."],

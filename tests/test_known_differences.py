@@ -31,9 +31,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from empo2 import report, suite, takeaways
+from empo2.analysis import report, suite, takeaways
+from empo2.analysis.notebooks import ROOT
 from empo2.config import EMPO2Config
-from empo2.notebooks import ROOT
 
 COMMIT = "1234567" + "0" * 33
 """The git commit every hand-made run says it came from."""
@@ -44,7 +44,7 @@ SECONDS_AN_EVALUATION = 30.0
 # ---------------------------------------------------------------------------------------------- writing runs
 def episode(iteration: int, phase: str, score: float, *, mode: str = "plain", variation: int = 0,
             task: str = "power-component", actions=("look around",)) -> dict:
-    """One row of episodes.jsonl, with the fields a committed run's rows have (`runs.episode_row`)."""
+    """One row of episodes.jsonl, with the fields a committed run's rows have (`trainer.episode_row`)."""
     actions = list(actions)
     return {"iteration": iteration, "phase": phase, "task": task, "variation": variation, "mode": mode,
             "score": float(score), "intrinsic": 0.0, "advantage": None if phase == "eval" else 0.0,

@@ -1,4 +1,4 @@
-"""The helpers the lesson notebooks call (empo2.lessons), on the toy corridor with the real default policy."""
+"""The helpers the lesson notebooks call (empo2.analysis.lessons), on the toy corridor with the real default policy."""
 
 import json
 
@@ -6,10 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
+import torch
 
-from empo2 import experiments, lessons, takeaways
+from empo2.analysis import experiments, lessons, takeaways
 from empo2.config import EMPO2Config
-from empo2.models import default_dtype
+from empo2.episode import MODE_NAMES
+from empo2.llm.models import default_dtype
+from empo2.method.loss import policy_loss
 
 
 def _cfg(tmp_path, **overrides):
@@ -134,10 +137,16 @@ def test_importance_ratios_of_the_three_modes(tmp_path):
     assert set(table.index) == {"plain", "memory_on", "off_policy"}
     assert table.loc["plain", "dropped_by_delta"] == 0 and table.loc["memory_on", "dropped_by_delta"] == 0
     assert table["tokens"].sum() == len(tokens) and table["decisions"].sum() == (~tokens["forced"]).sum()
-    metrics = lessons.loss_metrics(tokens, cfg)
-    assert metrics.loc["all", "tokens"] == (~tokens["forced"]).sum()
+    # Notebook 03 passes these rows to the loss itself: its δ mask drops the decisions the table counts as dropped.
+    codes = {name: int(code) for code, name in MODE_NAMES.items()}
+    _, metrics = policy_loss(*(torch.tensor(list(values), dtype=dtype) for values, dtype in (
+        (tokens["new_before_update"], torch.float32), (tokens["old"], torch.float32),
+        (tokens["advantage"], torch.float32), (~tokens["forced"], torch.float32),
+        (tokens["mode"].map(codes), torch.long), (tokens["episode"] * 10_000 + tokens["turn"], torch.long))),
+        **cfg.loss_settings)
+    assert metrics["tokens"] == (~tokens["forced"]).sum()
     off = lessons.with_ratios(tokens, cfg.delta).query("mode == 'off_policy' and not forced")
-    assert metrics.loc["off_policy", "masked_frac"] == pytest.approx(off["dropped_by_delta"].mean())
+    assert metrics["masked_frac/off_policy"] == pytest.approx(off["dropped_by_delta"].mean())
     everything = lessons.ratio_table(tokens, delta=1.0)  # δ = 1 drops every off-policy decision
     assert everything.loc["off_policy", "dropped_by_delta"] == 1.0
 
@@ -178,7 +187,7 @@ def test_tables_of_saved_runs(tmp_path):
         "test episodes": 4, "ended at −100": 1 / 4, "left first room (≥ 7)": 1 / 4, "reached workshop (≥ 13)": 0,
         "repeated actions": (1 / 2 + 1 / 3) / 4, "mean score": (0 + 7 - 100 + 0) / 4})
 
-    curve = lessons.training_curve(grpo)
+    curve = experiments.training_curve(grpo)
     assert list(curve.index) == [1, 2]
     assert (curve["95% low"] <= curve["score"] + 1e-9).all() and (curve["score"] <= curve["95% high"] + 1e-9).all()
     # Each run's mean first (3.5 and 11 at iteration 1, -43.5 and 20/3 at 2; pooled: 8.0 and -13.4), then a t-interval

@@ -5,7 +5,7 @@ import torch
 from torch.testing import assert_close
 
 from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN
-from empo2.loss import masked_sum, policy_loss
+from empo2.method.loss import masked_sum, policy_loss
 
 
 def run(new_probs, old_probs, advantages, modes, mask=None, sequence_ids=None, **kwargs):

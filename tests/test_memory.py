@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from empo2.memory import MemoryEntry, TipMemory
+from empo2.method.memory import MemoryEntry, TipMemory
 
 DIM = 8
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from empo2.models import DEFAULT_POLICY, default_dtype, resolve_policy_path
+from empo2.llm.models import DEFAULT_POLICY, default_dtype, resolve_policy_path
 
 
 def test_policy_loads_offline_and_chats(policy_and_tokenizer):
@@ -40,7 +40,7 @@ def test_embedder_shape_and_unit_norm(embedder):
 
 
 def test_embedder_computes_each_distinct_text_once_and_matches_the_plain_way(embedder):
-    from empo2.models import Embedder
+    from empo2.llm.models import Embedder
 
     texts = ["A room with a battery.", "The door is open.", "A room with a battery.", "A bird in a tree, far away."]
     cached = Embedder(cache_size=2)

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from empo2.notebooks import MACHINE_SPECIFIC, ROOT, clean, execute, notebook_paths
+from empo2.analysis.notebooks import MACHINE_SPECIFIC, ROOT, clean, execute, notebook_paths
 
 NOTEBOOKS = notebook_paths()
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -166,12 +166,12 @@ def test_make_run_changes_no_file():
     results index: it must leave `git status` clean, so every executed copy, figure and table it writes
     must come out byte for byte as committed (here: as they were before, so a working tree's own edits
     do not count)."""
-    from empo2 import suite
+    from empo2.analysis import suite
 
     missing = suite.unfinished("laptop", str(ROOT / "results"))
     assert not missing, f"laptop runs not committed (make run would train them): {missing}"
     before = _fingerprint()
-    subprocess.run([sys.executable, "-m", "empo2.notebooks"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "empo2.analysis.notebooks"], cwd=ROOT, check=True, capture_output=True)
     after = _fingerprint()
     changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
     assert changed == [], f"make run changed or added: {changed}"

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from empo2 import experiments, suite
 from empo2.__main__ import build_parser, config_from_args, main
+from empo2.analysis import experiments, suite
 from empo2.config import EMPO2Config
-from empo2.trainer import Trainer
+from empo2.method.trainer import Trainer
 from tests.processes import reap_jvms_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,9 +132,10 @@ def test_webshop_paper_profile_full_finetuning_with_kl_runs_an_update(tmp_path):
 
 KILLED_RUN = """
 import json, os, signal, sys
-from empo2 import memory, runs
+from empo2 import runs
 from empo2.config import EMPO2Config
-from empo2.trainer import Trainer
+from empo2.method import memory
+from empo2.method.trainer import Trainer
 
 cfg, where = EMPO2Config.from_dict(json.loads(sys.argv[1])), sys.argv[2]
 save_memory, write_atomic = memory.TipMemory.save, runs.write_atomic

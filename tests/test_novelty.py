@@ -3,7 +3,7 @@ import pickle
 import numpy as np
 import pytest
 
-from empo2.novelty import NoveltyStore
+from empo2.method.novelty import NoveltyStore
 
 DIM = 4
 
@@ -79,7 +79,7 @@ def test_bad_inputs_rejected():
 
 
 def test_a_group_copy_records_visits_that_replay_to_the_same_store():
-    from empo2.novelty import GroupNovelty, replay
+    from empo2.method.novelty import GroupNovelty, replay
 
     rng = np.random.default_rng(0)
     shared, direct = NoveltyStore(dim=8), NoveltyStore(dim=8)

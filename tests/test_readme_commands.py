@@ -73,7 +73,7 @@ RECORDS = ("config.json", "metrics.jsonl", "episodes.jsonl", "tips.jsonl", "summ
 KILLED_AFTER_FIRST_CHECKPOINT = """
 import os, signal, sys
 from empo2.__main__ import main
-from empo2.trainer import Trainer
+from empo2.method.trainer import Trainer
 
 save, saved = Trainer.save_checkpoint, []
 

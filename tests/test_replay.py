@@ -3,7 +3,7 @@ training run, and `replay` calls `Trainer.train(stop_after=...)`, which the resu
 
 import pytest
 
-from empo2.replay import first_difference, replay
+from empo2.method.replay import first_difference, replay
 
 
 def _rows():

@@ -3,8 +3,8 @@
 import json
 import shutil
 
-from empo2 import report, takeaways
-from empo2.notebooks import ROOT
+from empo2.analysis import report, takeaways
+from empo2.analysis.notebooks import ROOT
 
 ALLOWED_VERDICTS = {"reproduced", "opposite", "within the noise", "no difference (every score equal)",
                     "same direction, not established", "opposite direction, not established",
@@ -50,7 +50,7 @@ def test_claims_compute_a_difference_with_an_interval_from_saved_runs():
 
 
 def test_the_committed_index_and_claims_table_are_current():
-    """`python -m empo2.report` was run after the committed runs last changed."""
+    """`python -m empo2.analysis.report` was run after the committed runs last changed."""
     assert (ROOT / "results" / "README.md").read_text() == report.results_readme(ROOT / "results")
     readme = (ROOT / "README.md").read_text()
     table = readme.split(report.CLAIMS_START)[1].split(report.CLAIMS_END)[0].strip()

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from empo2.envs.toy import CorridorEnv
-from empo2.logprobs import episode_logprobs, tokens_processed
 from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
-from empo2.loss import policy_loss
-from empo2.memory import TipMemory
-from empo2.rollout import Roller, draw_modes
+from empo2.llm.logprobs import episode_logprobs, tokens_processed
+from empo2.method.loss import policy_loss
+from empo2.method.memory import TipMemory
+from empo2.method.rollout import Roller, draw_modes
 
 
 def test_draw_modes_frequencies():
@@ -99,7 +99,7 @@ def test_backward_per_pass_gives_the_gradient_of_the_whole_episode_loss(memory_e
     """One backward per forward pass (what non-append-only episodes use) equals one backward
     of the whole episode's loss, with KL, δ per sequence and a fixed normaliser."""
     from empo2.config import EMPO2Config
-    from empo2.update import PolicyUpdate, TokenBatch
+    from empo2.method.update import PolicyUpdate, TokenBatch
 
     model, _, episodes, _ = memory_episodes
     off_policy = episodes[2]

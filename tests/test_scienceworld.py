@@ -22,7 +22,7 @@ from empo2.envs.scienceworld import (
     list_tasks,
     running_jvm_pids,
 )
-from empo2.rollout import call_each
+from empo2.method.rollout import call_each
 
 EXPECTED_INFO_KEYS = {"task_description", "valid_actions", "state_text", "inventory", "score", "variation"}
 

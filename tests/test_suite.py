@@ -1,8 +1,8 @@
 """The suite defines each notebook's runs once, at the profile as it is."""
 
-from empo2 import suite
+from empo2.analysis import suite
+from empo2.analysis.notebooks import ROOT
 from empo2.config import EMPO2Config
-from empo2.notebooks import ROOT
 
 
 def test_every_run_a_laptop_notebook_reads_is_committed():
@@ -71,7 +71,7 @@ def test_the_coin_studys_contrasts_find_known_differences():
     little noise, p < 0.05; an arm with fewer than 2 seeds leaves its contrasts waiting."""
     import numpy as np
 
-    from empo2 import takeaways
+    from empo2.analysis import takeaways
 
     rng = np.random.default_rng(0)
     means = {"EMPO²": 60, "GRPO": 44, "GRPO with the novelty bonus": 50, "EMPO² without the novelty bonus": 54}

@@ -3,8 +3,8 @@ docs/results.md computed, and "not yet run" (never a training run) where runs ar
 
 import re
 
-from empo2 import report, takeaways
-from empo2.notebooks import ROOT
+from empo2.analysis import report, takeaways
+from empo2.analysis.notebooks import ROOT
 
 
 def test_every_difference_in_the_claims_table_is_quoted_alike_in_the_results_document():

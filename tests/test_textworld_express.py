@@ -9,14 +9,14 @@ import signal
 
 import pytest
 
-from empo2 import experiments, lessons
+from empo2.analysis import experiments, lessons
 from empo2.config import EMPO2Config
 from empo2.envs import make_env
-from empo2.envs.jvm import running_jvm_pids
 from empo2.envs import GameError
+from empo2.envs.jvm import running_jvm_pids
 from empo2.envs.textworld_express import (ACTION_TEMPLATES, DEFAULT_PARAMS, GAME_NAMES, GAME_PARAMETERS, GAMES_PER_FOLD,
                                           TextWorldExpressEnv, TextWorldExpressGame)
-from empo2.trainer import Trainer
+from empo2.method.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def test_ci_training_on_the_real_game(tmp_path, capsys):
 def test_coin_in_first_room_is_exactly_where_taking_the_coin_at_once_wins():
     """The split notebook 11 reads: where `coin_in_first_room` says so, `take coin` as the first action ends the
     game with 100; elsewhere the coin cannot be taken at the first step."""
-    from empo2.lessons import coin_in_first_room
+    from empo2.analysis.lessons import coin_in_first_room
 
     cfg = EMPO2Config.from_profile("laptop", env="textworld_express", task="coin", n_test_variations=12)
     in_first_room = coin_in_first_room(cfg)
@@ -255,7 +255,7 @@ def test_search_on_seen_and_unseen_games_counts_only_the_games_that_need_explori
     import numpy as np
     import scipy.stats
 
-    from empo2.lessons import searching_on_seen_and_unseen_games
+    from empo2.analysis.lessons import searching_on_seen_and_unseen_games
     from tests.test_known_differences import episode, write_run
 
     cfg = EMPO2Config.from_profile("laptop", env="textworld_express", task="coin", method="empo2",

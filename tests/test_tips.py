@@ -9,14 +9,14 @@ import torch
 
 from empo2.chat import Message
 from empo2.config import EMPO2Config
-from empo2.constrained import ActionEncoder, TemplateConstraint
 from empo2.envs import make_env
-from empo2.generation import GroupGenerator
-from empo2.logprobs import sequence_logprobs
 from empo2.episode import PLAIN
-from empo2.memory import TipMemory
+from empo2.llm.constrained import ActionEncoder, TemplateConstraint
+from empo2.llm.generation import GroupGenerator
+from empo2.llm.logprobs import sequence_logprobs
+from empo2.method.memory import TipMemory
+from empo2.method.rollout import Roller
 from empo2.prompts import CONSTRAINED_TIP_PROMPT, constrained_tip_prompt, tip_template
-from empo2.rollout import Roller
 
 TEMPLATE = re.compile(r"Helpful: (.+)\. Avoid: (.+)\. Next, try: (.+)\.")
 BY_SCORE = re.compile(r"(Helpful|Avoid): (.+)\. Next, try: (.+)\.")

@@ -7,7 +7,7 @@ import re
 import torch
 
 from empo2.config import EMPO2Config
-from empo2.trainer import Trainer
+from empo2.method.trainer import Trainer
 
 
 def test_ci_profile_run_on_real_scienceworld(tmp_path):

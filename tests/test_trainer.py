@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from empo2.config import EMPO2Config
-from empo2.memory import TipMemory
-from empo2.trainer import Trainer
+from empo2.method.memory import TipMemory
+from empo2.method.trainer import Trainer
 
 TIMING_PREFIX = "time/"
 

@@ -6,7 +6,7 @@ of vLLM-shaped outputs (the documented `outputs[0].token_ids` / `outputs[0].logp
 into `Response`s, the constrained decoding loop driven by a stand-in engine that honours
 `max_tokens`, `stop_token_ids` and `allowed_token_ids` as documented, the adapter versions and
 the merged weights that the engine reloads.
-The last test runs the real engine on this CPU (`python -m empo2.vllm_engine`) where `make
+The last test runs the real engine on this CPU (`python -m empo2.llm.vllm_check`) where `make
 vllm-check` has built .venv-vllm, and says it skipped where it has not.
 """
 
@@ -20,11 +20,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import empo2.vllm_engine as ve
 from empo2 import ROOT
-from empo2.config import EMPO2Config
-from empo2.constrained import ActionEncoder, action_text
-from empo2.models import load_tokenizer
+from empo2.config import CHOICES, EMPO2Config
+from empo2.llm import vllm_check
+from empo2.llm.constrained import ActionEncoder, action_text
+from empo2.llm.models import load_tokenizer
+import empo2.llm.vllm_engine as ve
 
 ACTIONS = ["look around", "go east", "go west", "focus on apple", "focus on red light bulb",
            "open door to kitchen", "open door to hallway"]
@@ -471,8 +472,8 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 
 def run_check(*options: str) -> tuple[int, list[str], str]:
-    """`python -m empo2.vllm_engine` in .venv-vllm: its exit code, its `vllm` lines, and the tail of its output."""
-    done = subprocess.run([str(VLLM_PYTHON), "-m", "empo2.vllm_engine", "--device", "cpu", *options],
+    """`python -m empo2.llm.vllm_check` in .venv-vllm: its exit code, its `vllm` lines, and the tail of its output."""
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "empo2.llm.vllm_check", "--device", "cpu", *options],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           timeout=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("vllm")]
@@ -483,14 +484,14 @@ NO_VLLM = "vLLM's CPU build is not installed here: `make vllm-check` builds .ven
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=NO_VLLM)
-@pytest.mark.parametrize("sync", ve.WEIGHT_SYNCS)
+@pytest.mark.parametrize("sync", CHOICES["vllm_weight_sync"])
 def test_the_engine_on_this_cpu_samples_what_the_update_scores(sync):
     """The real engine, float32, with a non-zero adapter sent either way: the three ways' log-probs equal the
     policy's within 1e-3, where the adapter moves them by far more (a sync that did not arrive would fail)."""
     code, lines, tail = run_check("--dtype", "float32", "--weight-sync", sync)
     assert code == 0 and len(lines) == 4 and "PASSED" in lines[-1], tail
     moved = [float(line.split("moves them up to ")[1].split()[0]) for line in lines[:3]]
-    assert min(moved) > 2 * ve.CHECK_FLOAT32_BOUND, lines
+    assert min(moved) > 2 * vllm_check.CHECK_FLOAT32_BOUND, lines
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=NO_VLLM)

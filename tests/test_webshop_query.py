@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from empo2.config import EMPO2Config
-from empo2.constrained import ActionEncoder, action_text
 from empo2.envs.webshop import WebShopEnv, instruction_words
-from empo2.logprobs import episode_logprobs
 from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
-from empo2.memory import TipMemory
-from empo2.rollout import Roller
+from empo2.llm.constrained import ActionEncoder, action_text
+from empo2.llm.logprobs import episode_logprobs
+from empo2.method.memory import TipMemory
+from empo2.method.rollout import Roller
 
 QUERY = re.compile(r"search\[(.+)\]")
 

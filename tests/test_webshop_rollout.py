@@ -3,10 +3,10 @@
 import torch
 
 from empo2.envs.webshop import WebShopEnv
-from empo2.logprobs import episode_logprobs, tokens_processed
 from empo2.episode import PLAIN
+from empo2.llm.logprobs import episode_logprobs, tokens_processed
+from empo2.method.rollout import Roller
 from empo2.prompts import extract_action
-from empo2.rollout import Roller
 
 
 def test_single_turn_rollout_on_webshop(policy_and_tokenizer):
@@ -63,7 +63,7 @@ def test_snapping_on_the_results_page_matches_a_product_by_its_title():
 
 def test_out_of_distribution_adaptation_runs_on_webshop():
     """Adaptation builds its environments and roller from the config, so WebShop's own settings reach them."""
-    from empo2.adaptation import adapt
+    from empo2.method.adaptation import adapt
     from empo2.config import EMPO2Config
 
     cfg = EMPO2Config.from_profile("ci", env="webshop", max_steps=2, response_tokens=8, tip_tokens=8)

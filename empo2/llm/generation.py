@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, DynamicLayer
 
-from empo2.constrained import ActionConstraint, Cursor
+from empo2.llm.constrained import ActionConstraint, Cursor
 
 
 LAYOUTS = ("ragged", "padded", "plain")

@@ -18,7 +18,7 @@ What stays the same whatever the number of processes W:
   (ZeRO stage 1), so full fine-tuning needs 4 (weights) + 4 (gradients) + 8/W bytes a parameter.
 
 The policy is not wrapped in DistributedDataParallel: the update runs several backward passes per
-optimiser step (one per forward pass, see empo2.update) on internals of the model, so gradients are
+optimiser step (one per forward pass, see empo2.method.update) on internals of the model, so gradients are
 summed once per step here with `accelerate.utils.reduce`.
 """
 

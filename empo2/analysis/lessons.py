@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from empo2.analysis.experiments import episodes as read_episodes
+from empo2.analysis.experiments import progress_enabled, tip_free_rows, training_episodes
 from empo2.config import EMPO2Config
-from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN, failed, succeeded
-from empo2.experiments import episodes as read_episodes
-from empo2.experiments import progress_enabled, training_episodes, tip_free as tip_free_rows
+from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, failed, succeeded
 
 
 # ----------------------------------------------------------------------------- saved results
@@ -42,7 +42,7 @@ def cached(path: str | Path, cfg: EMPO2Config, compute, force: bool = False, set
     are not config fields (e.g. how many episodes). A config that differs in any field but `results_dir`,
     or other settings, recompute and replace the file (a cache of a lesson's numbers, not a run's records).
     """
-    from empo2.models import default_dtype
+    from empo2.llm.models import default_dtype
     from empo2.runs import provenance, write_json_atomic
 
     path, settings = Path(path), json.loads(json.dumps(settings or {}))
@@ -133,16 +133,15 @@ def untrained_roller(cfg: EMPO2Config, episodes: int, *, memory: bool = True, me
     import torch
 
     from empo2.envs import env_from_config
-    from empo2.memory import TipMemory
-    from empo2.models import Embedder, load_policy
-    from empo2.rollout import Roller
+    from empo2.method.memory import TipMemory
+    from empo2.llm.models import Embedder, load_policy
+    from empo2.method.rollout import Roller
 
     model, tokenizer = load_policy(cfg.model, device=cfg.device)
     embedder = tips = None
     if memory:
         embedder = Embedder(cfg.embedder)
-        tips = TipMemory(dim=embedder.dim, capacity=cfg.memory_capacity,
-                         similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
+        tips = TipMemory.from_config(cfg, embedder.dim)
     envs = []
     try:
         envs = [env_from_config(cfg) for _ in range(episodes)]
@@ -222,9 +221,9 @@ def importance_ratios(cfg: EMPO2Config) -> list[dict]:
     """
     import torch
 
-    from empo2.advantages import grpo_advantages
-    from empo2.logprobs import episode_logprobs
-    from empo2.trainer import Trainer
+    from empo2.method.advantages import grpo_advantages
+    from empo2.llm.logprobs import episode_logprobs
+    from empo2.method.trainer import Trainer
 
     n = cfg.group_size
     with Trainer(cfg, overwrite=True, show_progress=False) as trainer:  # a scratch run, played again on recompute
@@ -326,7 +325,7 @@ def webshop_behaviour(folders: list[Path]) -> pd.DataFrame:
     """Notebook 10: per run, how far its last evaluation's test episodes got along search -> product -> buy
     (shares), their share of invalid actions and mean score; the share of its training episodes that bought
     something and the share of its iterations whose update was skipped (a group of equal scores, no KL term)."""
-    from empo2.experiments import metrics
+    from empo2.analysis.experiments import metrics
 
     rows = []
     for folder in folders:
@@ -462,56 +461,9 @@ def with_ratios(tokens: pd.DataFrame, delta: float) -> pd.DataFrame:
     tokens = tokens.copy()
     tokens["ratio_before"] = np.exp(tokens["new_before_update"] - tokens["old"])
     tokens["ratio_after"] = np.exp(tokens["new_after_update"] - tokens["old"])
-    tokens["dropped_by_delta"] = ((tokens["mode"] == "off_policy") & ~tokens["forced"]
+    tokens["dropped_by_delta"] = ((tokens["mode"] == OFF_POLICY.label) & ~tokens["forced"]
                                   & (np.exp(tokens["new_before_update"]) < delta))
     return tokens
-
-
-def loss_metrics(tokens: pd.DataFrame, cfg: EMPO2Config) -> pd.DataFrame:
-    """Notebook 03: `empo2.loss.policy_loss` on the batch as the first update step sees it (θ = θ_old, so
-    new = the trained-context log-probs before the update; forced tokens masked out, as in training):
-    its metrics overall and per mode."""
-    import torch
-
-    from empo2.loss import policy_loss
-
-    codes = {name: int(code) for code, name in MODE_NAMES.items()}
-    _, metrics = policy_loss(
-        torch.tensor(tokens["new_before_update"].to_numpy(), dtype=torch.float32),
-        torch.tensor(tokens["old"].to_numpy(), dtype=torch.float32),
-        torch.tensor(tokens["advantage"].to_numpy(), dtype=torch.float32),
-        torch.tensor((~tokens["forced"]).to_numpy(), dtype=torch.float32),
-        torch.tensor([codes[m] for m in tokens["mode"]], dtype=torch.long),
-        torch.tensor((tokens["episode"] * 10_000 + tokens["turn"]).to_numpy(), dtype=torch.long),
-        **cfg.loss_settings,
-    )
-    names = ["tokens", "masked_frac", "clip_frac", "ratio_mean", "ratio_max", "pg_loss"]
-    table = {"all": {k: metrics[k] for k in names}}
-    for name in MODE_NAMES.values():
-        if f"tokens/{name}" in metrics:
-            table[name] = {k: metrics[f"{k}/{name}"] for k in names}
-    return pd.DataFrame(table).T
-
-
-def training_curve(folders: list[Path], window: int = 1, phase: str = "train", tip_free: bool = False
-                   ) -> pd.DataFrame:
-    """Notebooks 04 and 11: per iteration, the mean episode score over runs (each run's mean first) and its 95%
-    interval (over the runs' means; over the episodes for one run). `window` > 1 pools blocks of that many
-    iterations (indexed by their last); `phase` "eval" gives the test episodes of each evaluation instead of
-    the training ones; `tip_free` keeps only the episodes played without tips (EMPO²'s plain ones; the tests
-    are all tip-free)."""
-    from empo2.stats import seed_interval
-
-    frames = [read_episodes(f) for f in folders]
-    frames = [tip_free_rows(f) if tip_free else f for f in frames]
-    played = [f[f["phase"] == phase].assign(block=lambda f: ((f["iteration"] - 1) // window + 1) * window)
-              for f in frames]
-    rows = []
-    for block in sorted(set().union(*[set(f["block"]) for f in played])):
-        groups = [f[f["block"] == block]["score"].to_numpy() for f in played]
-        mean, low, high = seed_interval(groups)
-        rows.append({"iteration": int(block), "score": mean, "95% low": low, "95% high": high})
-    return pd.DataFrame(rows).set_index("iteration")
 
 
 def test_scores_by_variation(folders_by_label: dict[str, list[Path]]) -> pd.DataFrame:
@@ -558,7 +510,7 @@ def tip_trials(profile: str, results_dir: str = "results", *, force: bool = Fals
     of power-component, or the k-th test variation of the new task, counting round the split). `seeds`: the
     same for every task, or per task. Each (task, tips, seed) is cached; `saved_only` reads the caches and
     returns None when one is missing instead of computing it."""
-    from empo2.adaptation import adapt
+    from empo2.method.adaptation import adapt
 
     frames = []
     for task, where in TIP_STUDY_TASKS.items():
@@ -588,8 +540,8 @@ def ood_trials(profile: str, results_dir: str = "results", *, force: bool = Fals
     adapting to `target_task` with memory, weights frozen: `trials` trials (0: 10, 3 at ci) of
     `episodes_per_trial` episodes, tips stored after each trial. One frame per method, a row per episode; each
     cached beside its run's config; `saved_only` reads the caches and returns None when one is missing."""
-    from empo2 import experiments, suite
-    from empo2.adaptation import adapt
+    from empo2.analysis import experiments, suite
+    from empo2.method.adaptation import adapt
 
     settings = {"target_task": target_task, "trials": trials or (3 if profile == "ci" else 10),
                 "episodes_per_trial": episodes_per_trial}
@@ -629,7 +581,7 @@ def trial_gain(rows: pd.DataFrame) -> pd.DataFrame:
     early trials; over the episodes for one seed), the share of episodes with a fatal ending (-100) early and
     late, the share of tips that name their episode's actions or objects, and the share of tips cut by the
     budget."""
-    from empo2.adaptation import names_its_episode
+    from empo2.method.adaptation import names_its_episode
     from empo2.stats import permutation_p, seed_difference
 
     n, span = int(rows["trial"].max()), 3 if rows["trial"].max() >= 6 else 1
@@ -666,8 +618,8 @@ def memory_vs_plain(folders: list[Path]) -> dict:
         train = train[train["phase"] == "train"]
         differences = []
         for _, group in train.groupby(["iteration", "variation"]):
-            with_tips = group[group["mode"] != "plain"]["score"]
-            plain = group[group["mode"] == "plain"]["score"]
+            with_tips = group[group["mode"] != PLAIN.label]["score"]
+            plain = group[group["mode"] == PLAIN.label]["score"]
             if len(with_tips) and len(plain):
                 differences.append(with_tips.mean() - plain.mean())
         per_seed.append(np.asarray(differences))

@@ -18,18 +18,18 @@ from __future__ import annotations
 import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from empo2.chat import ChatFormat, Message, format_tip_block
-from empo2.constrained import FREE_TEXT, ActionEncoder, TemplateConstraint, action_text
 from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, Episode, Mode, Turn
-from empo2.generation import GroupGenerator
+from empo2.llm.constrained import FREE_TEXT, ActionEncoder, TemplateConstraint, action_text
+from empo2.llm.generation import GroupGenerator
+from empo2.llm.vllm_engine import VLLMEngine
 from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, TIP_TEMPLATES, constrained_tip_prompt,
                            extract_action, memory_content, single_turn_prompt, tip_template)
-from empo2.vllm_engine import VLLMEngine
 
 
 def draw_modes(n: int, p: float, q: float, rng: np.random.Generator, per_iteration: bool = False) -> list[Mode]:
@@ -73,6 +73,20 @@ class RolloutTimer:
                 setattr(self, part, getattr(self, part) + elapsed)
 
 
+@dataclass
+class GroupPlay:
+    """One group's episodes while they play in lock-step (`Roller.run`); lists are indexed by episode."""
+    envs: list
+    episodes: list[Episode]
+    infos: list[dict]  # the latest info of each episode (admissible actions, state text)
+    states: list[str]  # the text each episode's current state is embedded from
+    task_descriptions: list[str]
+    histories: list[list[tuple[str, str]]]  # (action, observation) per step, for single-turn prompts
+    max_steps: int
+    embeddings: np.ndarray | None = None  # (episodes, dim): the current states', when anything needs them
+    shown_tips: dict[int, list[str]] = field(default_factory=dict)  # the tips shown in the turn about to be answered
+
+
 class Roller:
     """Runs group rollouts with one policy; holds what stays fixed between groups."""
 
@@ -101,16 +115,16 @@ class Roller:
         self.prompt_style = prompt_style
         if action_decoding not in ("free", "constrained"):
             raise ValueError(f"action_decoding: {action_decoding!r} is not allowed; choose free or constrained")
-        self.actions = ActionEncoder(tokenizer) if action_decoding == "constrained" else None
+        self.action_encoder = ActionEncoder(tokenizer) if action_decoding == "constrained" else None
         """Builds each state's constraint when actions are decoded constrained; None for free text."""
         self.parallel_envs = parallel_envs
         """Step the group's environments at the same time where they allow it (False: one after the other)."""
         self.cache_layout = cache_layout
-        """KV cache layout: ragged (each row its own length), padded or plain; see empo2.generation."""
+        """KV cache layout: ragged (each row its own length), padded or plain; see empo2.llm.generation."""
         self.history_turns = history_turns
         self.think_first = think_first
         self.engine = engine
-        """A vLLM engine that samples the rollouts (empo2.vllm_engine); None: the policy itself (GroupGenerator)."""
+        """A vLLM engine that samples the rollouts (empo2.llm.vllm_engine); None: the policy itself (GroupGenerator)."""
         self.repeat_tips = repeat_tips
         """Show a tip again at later steps that retrieve it (False: once per episode; see EMPO2Config)."""
         if tip_decoding not in ("free", "constrained"):
@@ -152,12 +166,51 @@ class Roller:
 
     def run(self, envs, variations: list[int], modes: list[Mode], *, temperature: float,
             write_tips: bool = False, use_novelty: bool = False, progress=None) -> list[Episode]:
-        """Play one episode per env in lock-step; env i plays `variations[i]` in `modes[i]`."""
+        """Play one episode per env in lock-step; env i plays `variations[i]` in `modes[i]`. Each step: render
+        every live conversation, sample the actions (`_generate`), play them (`_act`), record the turns, embed the
+        new states and pay the novelty bonus (`_observe`), then show each unfinished episode its next state with
+        the tips retrieved for it (`_next_turns`). Tips are written when all episodes have ended."""
         n = len(variations)
         if not (len(envs) >= n == len(modes)):
             raise ValueError("run: need one env, one variation and one mode per episode")
+        needs_memory = any(mode != PLAIN for mode in modes)
+        if needs_memory and (self.memory is None or self.embedder is None):
+            raise ValueError("run: memory-augmented modes need a memory and an embedder")
+        if use_novelty and (self.novelty is None or self.embedder is None):
+            raise ValueError("run: the novelty reward needs a novelty store and an embedder")
         model_was_training = self.model.training
         self.model.eval()
+        generator = self._generator(n, temperature)
+        # Tips are stored under state embeddings, so a roller with an embedder computes them for tips too.
+        needs_embeddings = needs_memory or use_novelty or (write_tips and self.embedder is not None)
+        group = self._start(envs[:n], variations, modes, needs_embeddings, needs_memory)
+        active, step = list(range(n)), 0
+        while active:
+            step += 1
+            rendered = {i: self.chat.render(group.episodes[i].messages, add_generation_prompt=True) for i in active}
+            responses = self._generate(group, rendered, generator)
+            results = self._act(group, active, responses)
+            for i in active:
+                _record_turn(group.episodes[i], rendered[i], responses[i], results[i], group.shown_tips[i],
+                             group.states[i], None if group.embeddings is None else group.embeddings[i].copy())
+                group.histories[i].append((results[i].info.get("executed_action") or results[i].info.get("raw_action", ""),
+                                           results[i].observation))
+                group.states[i] = results[i].info.get("state_text", results[i].observation)
+            self._observe(group, active, needs_embeddings, needs_memory, use_novelty)
+            still_active = self._next_turns(group, active, results, step)
+            if progress is not None:
+                progress.update(len(active) - len(still_active))  # episodes finished
+                if hasattr(progress, "set_postfix_str"):
+                    progress.set_postfix_str(f"step {step}/{group.max_steps}")  # steps played
+            active = still_active
+        if write_tips:
+            with self.timer.measure("memory", "tip_writing"):
+                self._write_tips(group.episodes, generator)
+        self.model.train(model_was_training)
+        return group.episodes
+
+    def _generator(self, n: int, temperature: float):
+        """The group's sampler: the vLLM engine's when there is one, else the policy's own."""
         # A single-turn prompt is rewritten every step, so there is no cache to keep.
         reuse_cache = self.reuse_cache and self.prompt_style == "chat"
         if self.engine is not None:
@@ -166,101 +219,83 @@ class Roller:
             generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=reuse_cache,
                                        temperature=temperature, sampling_rng=self.sampling_rng, layout=self.cache_layout)
         self.last_generator = generator
-        needs_memory = any(mode != PLAIN for mode in modes)
-        if needs_memory and (self.memory is None or self.embedder is None):
-            raise ValueError("run: memory-augmented modes need a memory and an embedder")
-        if use_novelty and (self.novelty is None or self.embedder is None):
-            raise ValueError("run: the novelty reward needs a novelty store and an embedder")
-        # Tips are stored under state embeddings, so a roller with an embedder computes them for tips too.
-        needs_embeddings = needs_memory or use_novelty or (write_tips and self.embedder is not None)
+        return generator
 
-        episodes, observations, infos = [], [], []  # infos: the latest info dict of each episode
+    def _start(self, envs, variations: list[int], modes: list[Mode], needs_embeddings: bool,
+               needs_memory: bool) -> "GroupPlay":
+        """Reset every env, embed the first states, and show each episode its first turn with its tips."""
         with self.timer.measure("environment"):
-            for (observation, info), env, variation, mode in zip(
-                    call_each(envs, [(env.reset, variation) for env, variation in zip(envs, variations)],
-                              parallel=self.parallel_envs),
-                    envs, variations, modes):
-                episodes.append(Episode(self.env_name, env.task_name, variation, mode))
-                observations.append(observation)
-                infos.append(info)
-        max_steps = envs[0].max_steps
-        states = [info.get("state_text", obs) for info, obs in zip(infos, observations)]
-        embeddings = self._timed_embed(states, needs_embeddings, memory_part=needs_memory)
+            first = call_each(envs, [(env.reset, variation) for env, variation in zip(envs, variations)],
+                              parallel=self.parallel_envs)
+        observations = [observation for observation, _ in first]
+        infos = [info for _, info in first]
+        group = GroupPlay(
+            envs=list(envs), episodes=[Episode(self.env_name, env.task_name, variation, mode)
+                                       for env, variation, mode in zip(envs, variations, modes)],
+            infos=infos, states=[info.get("state_text", obs) for info, obs in zip(infos, observations)],
+            task_descriptions=[info.get("task_description", "") for info in infos],
+            histories=[[] for _ in envs], max_steps=envs[0].max_steps)
+        group.embeddings = self._timed_embed(group.states, needs_embeddings, memory_part=needs_memory)
+        for i, episode in enumerate(group.episodes):
+            group.shown_tips[i] = self._retrieve(episode, group.embeddings, i)
+            self._show_state(episode, envs[i], 1, group.max_steps, group.task_descriptions[i], group.histories[i],
+                             observations[i], infos[i], group.shown_tips[i])
+        return group
 
-        shown_tips: dict[int, list[str]] = {}  # episode -> the tips shown in the turn about to be answered
-        task_descriptions = [info.get("task_description", "") for info in infos]
-        histories: list[list[tuple[str, str]]] = [[] for _ in range(n)]  # (action, observation) per episode
-        for i, episode in enumerate(episodes):
-            shown_tips[i] = self._retrieve(episode, embeddings, i)
-            self._show_state(episode, envs[i], 1, max_steps, task_descriptions[i], histories[i], observations[i],
-                             infos[i], shown_tips[i])
+    def _generate(self, group: "GroupPlay", rendered: dict, generator) -> dict:
+        """Sample one response per live episode, constrained to its admissible actions when decoding is."""
+        with self.timer.measure("generation"):
+            if self.tip_texts is not None:
+                for i in rendered:
+                    group.episodes[i].seen_actions.update(
+                        dict.fromkeys(a for a in group.infos[i].get("valid_actions", []) if not a.endswith(FREE_TEXT)))
+            constraints = None
+            if self.action_encoder is not None:
+                constraints = {i: self.action_encoder.constraint(group.infos[i]["valid_actions"], self.response_tokens,
+                                                                 group.infos[i].get("query_words"))
+                               for i in rendered}
+            return generator.generate({i: r.ids() for i, r in rendered.items()}, self.response_tokens, constraints)
 
-        active = list(range(n))
-        step = 0
-        while active:
-            step += 1
-            rendered = {i: self.chat.render(episodes[i].messages, add_generation_prompt=True) for i in active}
-            with self.timer.measure("generation"):
-                if self.tip_texts is not None:
-                    for i in active:
-                        episodes[i].seen_actions.update(
-                            dict.fromkeys(a for a in infos[i].get("valid_actions", []) if not a.endswith(FREE_TEXT)))
-                constraints = None
-                if self.actions is not None:
-                    constraints = {i: self.actions.constraint(infos[i]["valid_actions"], self.response_tokens,
-                                                              infos[i].get("query_words"))
-                                   for i in active}
-                responses = generator.generate({i: r.ids() for i, r in rendered.items()}, self.response_tokens,
-                                               constraints)
-
-            with self.timer.measure("environment"):
-                actions = []
-                for i in active:
-                    text = self.tokenizer.decode(responses[i].ids, skip_special_tokens=True)
-                    if self.actions is not None:
-                        text = action_text(text)
-                    actions.append((envs[i].step, text if self.prompt_style == "chat" else extract_action(text)))
-                results = dict(zip(active, call_each([envs[i] for i in active], actions, parallel=self.parallel_envs)))
-                for i in active:
-                    infos[i] = results[i].info
-
+    def _act(self, group: "GroupPlay", active: list[int], responses: dict) -> dict:
+        """Play each live episode's response as its action; the step results by episode."""
+        with self.timer.measure("environment"):
+            calls = []
             for i in active:
-                _record_turn(episodes[i], rendered[i], responses[i], results[i], shown_tips[i], states[i],
-                             None if embeddings is None else embeddings[i].copy())
-                histories[i].append((results[i].info.get("executed_action") or results[i].info.get("raw_action", ""),
-                                     results[i].observation))
-                states[i] = results[i].info.get("state_text", results[i].observation)
-
-            new_embeddings = self._timed_embed([states[i] for i in active], needs_embeddings, memory_part=needs_memory)
-            if use_novelty:
-                with self.timer.measure("novelty"):
-                    rewards = self.novelty.visit(
-                        new_embeddings, [self.scope(episodes[i].task, episodes[i].variation) for i in active]
-                    )
-                    for reward, i in zip(rewards, active):
-                        episodes[i].turns[-1].intrinsic_reward = float(reward)
-            if new_embeddings is not None:
-                embeddings[active] = new_embeddings
-
-            still_active = []
+                text = self.tokenizer.decode(responses[i].ids, skip_special_tokens=True)
+                if self.action_encoder is not None:
+                    text = action_text(text)
+                calls.append((group.envs[i].step, text if self.prompt_style == "chat" else extract_action(text)))
+            results = dict(zip(active, call_each([group.envs[i] for i in active], calls,
+                                                 parallel=self.parallel_envs)))
             for i in active:
-                if episodes[i].done:
-                    continue
-                shown_tips[i] = self._retrieve(episodes[i], embeddings, i)
-                self._show_state(episodes[i], envs[i], step + 1, max_steps, task_descriptions[i], histories[i],
-                                 results[i].observation, results[i].info, shown_tips[i])
-                still_active.append(i)
-            if progress is not None:
-                progress.update(len(active) - len(still_active))  # episodes finished
-                if hasattr(progress, "set_postfix_str"):
-                    progress.set_postfix_str(f"step {step}/{max_steps}")  # steps played
-            active = still_active
+                group.infos[i] = results[i].info
+        return results
 
-        if write_tips:
-            with self.timer.measure("memory", "tip_writing"):
-                self._write_tips(episodes, generator)
-        self.model.train(model_was_training)
-        return episodes
+    def _observe(self, group: "GroupPlay", active: list[int], needs_embeddings: bool, needs_memory: bool,
+                 use_novelty: bool) -> None:
+        """Embed the states just reached and pay each step its novelty bonus (`novelty.NoveltyStore.visit`)."""
+        new_embeddings = self._timed_embed([group.states[i] for i in active], needs_embeddings,
+                                           memory_part=needs_memory)
+        if use_novelty:
+            with self.timer.measure("novelty"):
+                rewards = self.novelty.visit(
+                    new_embeddings, [self.scope(group.episodes[i].task, group.episodes[i].variation) for i in active])
+                for reward, i in zip(rewards, active):
+                    group.episodes[i].turns[-1].intrinsic_reward = float(reward)
+        if new_embeddings is not None:
+            group.embeddings[active] = new_embeddings
+
+    def _next_turns(self, group: "GroupPlay", active: list[int], results: dict, step: int) -> list[int]:
+        """Show each unfinished episode its new state with the tips retrieved for it; the episodes still playing."""
+        still_active = []
+        for i in active:
+            if group.episodes[i].done:
+                continue
+            group.shown_tips[i] = self._retrieve(group.episodes[i], group.embeddings, i)
+            self._show_state(group.episodes[i], group.envs[i], step + 1, group.max_steps, group.task_descriptions[i],
+                             group.histories[i], results[i].observation, results[i].info, group.shown_tips[i])
+            still_active.append(i)
+        return still_active
 
     def _show_state(self, episode: Episode, env, step: int, max_steps: int, task_description: str,
                     history: list[tuple[str, str]], observation: str, info: dict, tips: list[str]) -> None:

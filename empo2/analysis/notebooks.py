@@ -1,12 +1,12 @@
-"""Execute the notebook suite with papermill: `python -m empo2.notebooks`.
+"""Execute the notebook suite with papermill: `python -m empo2.analysis.notebooks`.
 
-    python -m empo2.notebooks                      # every notebook at its default profile
-    python -m empo2.notebooks --profile ci         # every notebook at the ci profile
-    python -m empo2.notebooks --only 04 09         # some notebooks
-    python -m empo2.notebooks --force              # retrain instead of reusing saved runs
+    python -m empo2.analysis.notebooks                      # every notebook at its default profile
+    python -m empo2.analysis.notebooks --profile ci         # every notebook at the ci profile
+    python -m empo2.analysis.notebooks --only 04 09         # some notebooks
+    python -m empo2.analysis.notebooks --force              # retrain instead of reusing saved runs
 
 Executed copies go to `results/executed/`, figures to `results/figures/` (the
-notebooks save them); then `empo2.report` writes `results/README.md` (every run)
+notebooks save them); then `empo2.analysis.report` writes `results/README.md` (every run)
 and the README's table of claims. Saved runs whose config matches are reused, so on a fresh
 clone this regenerates every figure from the committed results.
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as error:  # keep going: one broken notebook should not hide the others
             failures.append(path.name)
             print(f"  FAILED after {time.perf_counter() - started:.0f} s: {type(error).__name__}: {error}")
-    from empo2 import report
+    from empo2.analysis import report
 
     report.write(results_dir)  # the index of runs and the table of claims, from what is saved now
     print(f"wrote {_relative(results_dir / 'README.md')}", flush=True)

@@ -15,8 +15,8 @@ the root spells exactly one admissible action. An admissible action written as
 forced prefix any token may follow, until a token containing `]`, the
 end-of-turn token, or the free-text budget.
 
-The same per-position allowed sets are used when sampling (`empo2.generation`)
-and when the update scores the sampled tokens (`empo2.logprobs`), so behaviour
+The same per-position allowed sets are used when sampling (`empo2.llm.generation`)
+and when the update scores the sampled tokens (`empo2.llm.logprobs`), so behaviour
 and learner log-probs are of one distribution. A position with a single allowed
 token is *forced*: its log-prob is 0, it carries no gradient, the update masks
 it out of the token mean, and the generator feeds a run of forced tokens in one

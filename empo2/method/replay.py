@@ -67,7 +67,7 @@ def first_difference(saved: list[dict], replayed: list[dict]) -> tuple[str | Non
 def replay(run_dir: str | Path, iterations: int = 1, scratch: str | Path | None = None) -> Replay:
     """Train the config saved in `run_dir` for its first `iterations` iterations into `scratch` (a temporary
     folder if None) and compare its episodes with the saved ones of those iterations."""
-    from empo2.trainer import Trainer
+    from empo2.method.trainer import Trainer
 
     run_dir = Path(run_dir)
     saved_config = run_dir / "config.json"

@@ -313,7 +313,7 @@ def coin_study_plan(profile: str = "laptop") -> str:
              f"({cfg.game_params}), evaluated on {cfg.n_test_variations} held-out games every {cfg.eval_every} "
              f"iterations, in {COIN_STUDY_DTYPE}; {count('empo2', 'grpo')} runs that train weights, "
              f"{count('memory_only')} memory-only runs and {count('naive')} Naive evaluations, all from one clean "
-             "commit, trained seed by seed (`python -m empo2.suite laptop coin-study`) into the experiment folder "
+             "commit, trained seed by seed (`python -m empo2.analysis.suite laptop coin-study`) into the experiment folder "
              f"`coin-study`, seeds {FRESH_SEEDS[0]}–{FRESH_SEEDS[-1]}, which no CoinCollector run used before (at "
              "`ci`, seeds 0 and 1 in every arm, to test the plumbing).",
              f"**Test.** Each final policy on the first {COIN_STUDY_TEST_GAMES[profile]} held-out games, once each at "
@@ -350,7 +350,7 @@ def group_configs(group: str, profile: str, results_dir: str = "results") -> lis
 def unfinished(profile: str, results_dir: str = "results") -> list[str]:
     """The runs of every group with no finished run of their config (what the notebooks would train), as
     "group: experiment/run", and the `coin_retests` with no saved evaluation (what notebook 11 would evaluate)."""
-    from empo2.experiments import is_finished, saved_retest
+    from empo2.analysis.experiments import is_finished, saved_retest
 
     runs = [f"{group}: {cfg.experiment}/{cfg.name}" for group in GROUPS
             for cfg in group_configs(group, profile, results_dir) if not is_finished(cfg)]
@@ -366,8 +366,8 @@ def train_coin_study(profile: str, results_dir: str = "results") -> None:
     docs/performance.md), each process takes the next run no other lane holds (`experiments.lane_claim`)."""
     import os
 
-    from empo2.experiments import lane_claim, retest, run
-    from empo2.models import DTYPE_VARIABLE, fast_bfloat16
+    from empo2.analysis.experiments import lane_claim, retest, run
+    from empo2.llm.models import DTYPE_VARIABLE, fast_bfloat16
 
     if os.environ.setdefault(DTYPE_VARIABLE, COIN_STUDY_DTYPE) != COIN_STUDY_DTYPE or not fast_bfloat16():
         raise SystemExit(f"error: {DTYPE_VARIABLE}: the CoinCollector study trains in {COIN_STUDY_DTYPE} only, on a "
@@ -389,11 +389,11 @@ def train_coin_study(profile: str, results_dir: str = "results") -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m empo2.suite PROFILE GROUP [GROUP ...]`: train (or reuse) those runs in order (coin-study: the
+    """`python -m empo2.analysis.suite PROFILE GROUP [GROUP ...]`: train (or reuse) those runs in order (coin-study: the
     CoinCollector study, each run with its test)."""
     import argparse
 
-    from empo2.experiments import run
+    from empo2.analysis.experiments import run
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("profile", choices=("ci", "laptop", "paper"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from empo2.episode import Episode, is_forced
-from empo2.generation import allowed_mask, trunk_and_head, with_temperature
+from empo2.llm.generation import allowed_mask, trunk_and_head, with_temperature
 
 
 def _is_append_only(episode: Episode, with_tips: bool) -> bool:

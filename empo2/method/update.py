@@ -6,7 +6,7 @@
     for each epoch, for each mini-batch of a fresh permutation of the episodes:
         for each episode, one forward pass at a time:
             π_θ log-probs in its training context: plain / with tips / tip-free (off-policy)
-            the hybrid clipped loss (empo2.loss) over the mini-batch's token count; backward
+            the hybrid clipped loss (empo2.method.loss) over the mini-batch's token count; backward
         clip the gradient norm; one optimiser step
 
 The per-token inputs of the loss travel as a `TokenBatch`; `HybridLoss` is the
@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from empo2.config import EMPO2Config
-from empo2.distributed import Processes
-from empo2.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs, tokens_processed
 from empo2.episode import Episode
-from empo2.loss import loss_metrics, policy_loss
-from empo2.models import default_dtype
+from empo2.llm.logprobs import episode_logprobs, forward_passes, pass_allowed, sequence_logprobs, tokens_processed
+from empo2.llm.models import default_dtype
+from empo2.method.distributed import Processes
+from empo2.method.loss import loss_metrics, policy_loss
 
 
 @dataclass
@@ -78,7 +78,7 @@ class TokenBatch:
 
 
 class HybridLoss:
-    """`empo2.loss.policy_loss` with a config's clipping, δ and KL settings bound once."""
+    """`empo2.method.loss.policy_loss` with a config's clipping, δ and KL settings bound once."""
 
     def __init__(self, cfg: EMPO2Config):
         self.settings = cfg.loss_settings

@@ -3,20 +3,20 @@
 One iteration, top to bottom (`Trainer.train_iteration`, one call per step):
 
     1. draw_groups     `groups_per_iteration` training variations of the task, and each rollout's mode
-                       (memory with prob. p; off-policy with prob. q)               (empo2.rollout.draw_modes)
-    2. play_groups     per variation, a group of `group_size` episodes in lock-step  (empo2.rollout)
+                       (memory with prob. p; off-policy with prob. q)               (empo2.method.rollout.draw_modes)
+    2. play_groups     per variation, a group of `group_size` episodes in lock-step  (empo2.method.rollout)
     3.                 the policy writes one tip per episode                          (Roller.run, write_tips)
     4.                 return = final score + intrinsic novelty reward; GRPO advantages within
-                       each group                                                     (empo2.advantages)
+                       each group                                                     (empo2.method.advantages)
     5. remember        after all groups, the tips go to memory and the visited states to the
-                       novelty store, in group order                                  (empo2.memory, empo2.novelty)
+                       novelty store, in group order                                  (empo2.method.memory, empo2.method.novelty)
     6. update_policy   θ_old log-probs with tips where shown, then `ppo_epochs` passes of clipped updates
                        where each mode scores its actions in its own context: plain / with tips /
-                       tip-free                                                       (empo2.update, empo2.loss)
+                       tip-free                                                       (empo2.method.update, empo2.method.loss)
     7. evaluate        every `eval_every` iterations, WITHOUT memory on test variations (`Trainer.train`)
 
 Launched as several processes (torchrun / accelerate launch), each plays its share of the groups
-and the update sums their gradients: the same run as one process (empo2.distributed).
+and the update sums their gradients: the same run as one process (empo2.method.distributed).
 
 Everything a run produces lands in `results/<profile>/<experiment>/<run>/` (`cfg.run_dir`, empo2.runs):
     config.json       the config, git commit, package versions, machine
@@ -34,24 +34,37 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from empo2.advantages import grpo_advantages
 from empo2.config import EMPO2Config
-from empo2.distributed import Processes, group_seed
 from empo2.envs import env_from_config
 from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, PLAIN, Episode, Mode
-from empo2.memory import TipMemory
-from empo2.models import Embedder, default_dtype, load_policy, load_trained_weights
-from empo2.novelty import GroupNovelty, NoveltyStore, replay
-from empo2.rollout import Roller, RolloutTimer, draw_modes
-from empo2.runs import FINAL_WEIGHTS, RunError, RunFolder, episode_row, provenance, read_rows
+from empo2.llm.logprobs import context_tokens
+from empo2.llm.models import Embedder, default_dtype, load_policy, load_trained_weights
+from empo2.method.advantages import grpo_advantages
+from empo2.method.distributed import Processes, group_seed
+from empo2.method.memory import TipMemory
+from empo2.method.novelty import GroupNovelty, NoveltyStore, replay
+from empo2.method.rollout import Roller, RolloutTimer, draw_modes
+from empo2.method.update import PolicyUpdate
+from empo2.runs import FINAL_WEIGHTS, RunError, RunFolder, provenance, read_rows
 from empo2.stats import bootstrap_interval
-from empo2.update import PolicyUpdate
+
+
+@dataclass
+class PlayedGroup:
+    """What one group left after its rollouts: what the update, the memory, the novelty store and the records
+    need (small and picklable: processes exchange them)."""
+    advantages: torch.Tensor  # (group_size,) GRPO advantages of score + intrinsic reward
+    decisions: list[int]  # per episode: its sampled (not forced) action tokens
+    rows: list[dict]  # per episode: its row of episodes.jsonl
+    tips: tuple | None  # (keys, contents, scores, scopes) for `TipMemory.add_many`; None when no tips are written
+    visits: list  # the novelty store's visits, replayed into the shared store in group order
 
 
 class Trainer:
@@ -105,8 +118,7 @@ class Trainer:
         needs_embedder = cfg.rollout_p > 0 or cfg.writes_tips or cfg.uses_novelty
         self.embedder = Embedder(cfg.embedder) if needs_embedder else None
         dim = self.embedder.dim if self.embedder else 384
-        self.memory = TipMemory(dim=dim, capacity=cfg.memory_capacity,
-                                similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
+        self.memory = TipMemory.from_config(cfg, dim)
         self.novelty = NoveltyStore(dim=dim, similarity_threshold=cfg.novelty_threshold,
                                     coefficient=cfg.intrinsic_coef)
         self.roller = Roller.from_config(cfg, self.model, self.tokenizer, embedder=self.embedder, memory=self.memory,
@@ -207,11 +219,11 @@ class Trainer:
                            self.rng, per_iteration=cfg.mode_granularity == "iteration")
         return variations, modes
 
-    def play_groups(self, variations: np.ndarray, modes: list[Mode]) -> tuple[dict[int, list[Episode]], dict]:
+    def play_groups(self, variations: np.ndarray, modes: list[Mode]
+                    ) -> tuple[dict[int, list[Episode]], dict[int, PlayedGroup]]:
         """Play this process's groups (each from its own seed, against the novelty store as of the iteration's
         start) and write their tips; their GRPO advantages on return = score + intrinsic reward. Returns the
-        episodes by group, and every group's records (advantages, decision counts, rows, tips, novelty visits)
-        gathered from all processes."""
+        episodes by group, and every group's `PlayedGroup` gathered from all processes."""
         cfg = self.cfg
         groups, played = {}, {}
         mine = self.processes.mine(len(variations))
@@ -228,37 +240,38 @@ class Trainer:
                 )
             advantages = grpo_advantages(torch.tensor([e.total_return for e in group]))  # (group_size,)
             groups[g] = group
-            played[g] = {"advantages": advantages, "decisions": [e.decision_count() for e in group],
-                         "rows": [episode_row(e, self.iteration + 1, "train", float(a)) for e, a in zip(group, advantages)],
-                         "tips": self.roller.tip_entries(group) if cfg.writes_tips else None,
-                         "visits": novelty.visits if novelty else []}
+            played[g] = PlayedGroup(
+                advantages=advantages, decisions=[e.decision_count() for e in group],
+                rows=[episode_row(e, self.iteration + 1, "train", float(a)) for e, a in zip(group, advantages)],
+                tips=self.roller.tip_entries(group) if cfg.writes_tips else None,
+                visits=novelty.visits if novelty else [])
         bar.close()
         self.roller.novelty = self.novelty
         return groups, self.processes.gather(played)
 
-    def remember(self, played: dict) -> int:
+    def remember(self, played: dict[int, PlayedGroup]) -> int:
         """Every group's tips into the memory and its visited states into the novelty store, in group order
         (the same on every process). Returns the number of memory entries added."""
         started, added = time.perf_counter(), 0
         for g in sorted(played):
-            if played[g]["tips"]:
-                added += self.memory.add_many(*played[g]["tips"])
-            replay(played[g]["visits"], self.novelty)
+            if played[g].tips:
+                added += self.memory.add_many(*played[g].tips)
+            replay(played[g].visits, self.novelty)
         self.roller.timer.memory += time.perf_counter() - started
         return added
 
-    def update_policy(self, groups: dict[int, list[Episode]], played: dict) -> dict:
+    def update_policy(self, groups: dict[int, list[Episode]], played: dict[int, PlayedGroup]) -> dict:
         """The update over the iteration's episodes in group order (None where another process played them)."""
         if self.update is None:
             return {}
         order = sorted(played)
         episodes = [e for g in order for e in groups.get(g, [None] * self.cfg.group_size)]
-        advantages = torch.cat([played[g]["advantages"] for g in order])  # (n_episodes,)
-        return self.update(episodes, advantages, [n for g in order for n in played[g]["decisions"]])
+        advantages = torch.cat([played[g].advantages for g in order])  # (n_episodes,)
+        return self.update(episodes, advantages, [n for g in order for n in played[g].decisions])
 
-    def record(self, played: dict) -> list[dict]:
+    def record(self, played: dict[int, PlayedGroup]) -> list[dict]:
         """Append the iteration's episodes and tips to the run's records; returns the episode rows."""
-        rows = [row for g in sorted(played) for row in played[g]["rows"]]
+        rows = [row for g in sorted(played) for row in played[g].rows]
         self.folder.append("episodes.jsonl", rows)
         self.folder.append("tips.jsonl", [{"iteration": self.iteration, "variation": r["variation"], "mode": r["mode"],
                                            "score": r["score"], "tip": r["tip"], "tip_ids": r["tip_ids"],
@@ -380,6 +393,21 @@ class Trainer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def episode_row(episode, iteration: int, phase: str, advantage: float | None = None) -> dict:
+    """One row of episodes.jsonl: what an episode did and scored, and the tokens it carried (`context_tokens`)."""
+    return {
+        "iteration": iteration, "phase": phase, "task": episode.task, "variation": episode.variation,
+        "mode": episode.mode_name, "score": episode.score, "intrinsic": episode.intrinsic_return,
+        "advantage": advantage, "steps": len(episode.turns), "success": episode.success,
+        "truncated": episode.truncated, "env_restarts": episode.env_restarts,
+        "actions": [turn.executed_action for turn in episode.turns],
+        "raw_actions": [turn.raw_action for turn in episode.turns],
+        "tips_shown": sum(len(turn.tips_shown) for turn in episode.turns), "tip": episode.tip,
+        "tip_ids": episode.tip_ids, "tip_cut": episode.tip_cut, "tokens": context_tokens(episode),
+        "decisions": episode.decision_count(), "entropy": episode.decision_entropy(),
+    }
 
 
 def decision_entropy(rows: list[dict], name: str) -> dict[str, float]:

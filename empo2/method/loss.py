@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import torch
 
+from empo2.config import CHOICES
 from empo2.episode import MEMORY_ON_POLICY, MODE_NAMES, OFF_POLICY, PLAIN
 
-DELTA_MODES = ("token", "sequence", "none")
 
 # exp(20) ~ 5e8 is far past any clip range; the bound only keeps exp() finite so
 # that garbage log-probs cannot turn the gradient into NaN (verl does the same).
@@ -130,24 +130,33 @@ def policy_loss(
     loss = masked_sum(per_token, mask) / count                                # ()
 
     with torch.no_grad():
-        clipped = (pg_loss2 > pg_loss1).float()                               # (T,)
-        dual_clipped = ((adv < 0) & (clipped_loss > dual_bound)).float()      # (T,)
-        half_sq_logratio = 0.5 * logratio ** 2                                # (T,)
-        sums = {}
-        for code, suffix in [(None, "")] + [(code, "/" + name) for code, name in MODE_NAMES.items()]:
-            real = mask if code is None else mask & (modes == code)           # (T,)
-            kept = real & ~drop                                               # (T,)
-            sums |= {"tokens" + suffix: real.sum().float(), "kept" + suffix: kept.sum().float(),
-                     "dropped" + suffix: masked_sum(drop.float(), real),
-                     "clipped" + suffix: masked_sum(clipped, kept),
-                     "dual_clipped" + suffix: masked_sum(dual_clipped, kept),
-                     "ratio" + suffix: masked_sum(ratio, kept),
-                     "ratio_max" + suffix: torch.where(kept, ratio, torch.zeros_like(ratio)).max(),
-                     "half_sq_logratio" + suffix: masked_sum(half_sq_logratio, kept),
-                     "pg_loss" + suffix: masked_sum(pg_term, real)}
-            if kl is not None:
-                sums["kl_ref" + suffix] = masked_sum(kl, real)
+        sums = _sums_by_mode(mask, drop, modes, pg_term, kl,
+                             clipped=(pg_loss2 > pg_loss1).float(),                           # (T,)
+                             dual_clipped=((adv < 0) & (clipped_loss > dual_bound)).float(),  # (T,)
+                             ratio=ratio, half_sq_logratio=0.5 * logratio ** 2)               # (T,) each
     return loss, (sums if return_sums else loss_metrics(sums))
+
+
+def _sums_by_mode(mask: torch.Tensor, drop: torch.Tensor, modes: torch.Tensor, pg_term: torch.Tensor,
+                  kl: torch.Tensor | None, *, clipped: torch.Tensor, dual_clipped: torch.Tensor, ratio: torch.Tensor,
+                  half_sq_logratio: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The sums `loss_metrics` turns into metrics, over all real tokens ("") and per mode ("/plain", ...); every
+    argument is (T,)."""
+    sums = {}
+    for code, suffix in [(None, "")] + [(code, "/" + name) for code, name in MODE_NAMES.items()]:
+        real = mask if code is None else mask & (modes == code)               # (T,)
+        kept = real & ~drop                                                   # (T,)
+        sums |= {"tokens" + suffix: real.sum().float(), "kept" + suffix: kept.sum().float(),
+                 "dropped" + suffix: masked_sum(drop.float(), real),
+                 "clipped" + suffix: masked_sum(clipped, kept),
+                 "dual_clipped" + suffix: masked_sum(dual_clipped, kept),
+                 "ratio" + suffix: masked_sum(ratio, kept),
+                 "ratio_max" + suffix: torch.where(kept, ratio, torch.zeros_like(ratio)).max(),
+                 "half_sq_logratio" + suffix: masked_sum(half_sq_logratio, kept),
+                 "pg_loss" + suffix: masked_sum(pg_term, real)}
+        if kl is not None:
+            sums["kl_ref" + suffix] = masked_sum(kl, real)
+    return sums
 
 
 def loss_metrics(sums: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -210,8 +219,8 @@ def _check_args(new_logprobs, old_logprobs, advantages, token_mask, modes, seque
         raise ValueError(f"dual_clip must be > 1, got {dual_clip!r}")
     if not 0.0 <= delta <= 1.0:
         raise ValueError(f"delta must be in [0, 1], got {delta!r}")
-    if delta_mode not in DELTA_MODES:
-        raise ValueError(f"delta_mode must be one of {DELTA_MODES}, got {delta_mode!r}")
+    if delta_mode not in CHOICES["delta_mode"]:
+        raise ValueError(f"delta_mode must be one of {CHOICES['delta_mode']}, got {delta_mode!r}")
     if delta_mode == "sequence" and sequence_ids is None:
         raise ValueError("sequence_ids must be given when delta_mode is 'sequence'")
     if not kl_beta >= 0.0:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from empo2.config import EMPO2Config
-from empo2.episode import PLAIN, failed, succeeded
+from empo2.episode import MODE_NAMES, PLAIN, failed, succeeded
 from empo2.runs import RunFolder, config_differences, read_rows
 
 try:
@@ -68,7 +68,7 @@ def run(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None = N
                 ", uncommitted changes" if record.get("git_dirty") else "")
             print(f"reusing {folder} (finished run with the same config, made by {made_by}; force=True retrains)")
             return folder
-        from empo2.trainer import Trainer
+        from empo2.method.trainer import Trainer
 
         if show_progress is None:
             show_progress = progress_enabled()
@@ -97,7 +97,7 @@ def retest(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None 
         if saved is not None:
             print(f"reusing {saved} (finished evaluation with the same config; force=True evaluates again)")
             return saved
-        from empo2.trainer import evaluate_run
+        from empo2.method.trainer import evaluate_run
 
         _, folder = evaluate_run(cfg, show_progress=progress_enabled() if show_progress is None else show_progress)
     return Path(folder)
@@ -179,7 +179,7 @@ def training_episodes(folder: Path) -> pd.DataFrame:
     return frame[frame["phase"] == "train"]
 
 
-def tip_free(frame: pd.DataFrame) -> pd.DataFrame:
+def tip_free_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of episodes played without tips (GRPO's all, EMPO²'s plain ones; every test episode)."""
     return frame[frame["mode"] == PLAIN.label]
 
@@ -188,7 +188,7 @@ def tip_free_training_scores(folder: Path, iterations: range | None = None) -> n
     """Scores of a run's training episodes played without tips (GRPO's all, EMPO²'s plain ones), of every
     iteration or of `iterations`: (episodes,). Their mean is the area under the tip-free policy's learning
     curve."""
-    train = tip_free(training_episodes(folder))
+    train = tip_free_rows(training_episodes(folder))
     if iterations is not None:
         train = train[train["iteration"].isin(iterations)]
     return train["score"].to_numpy(dtype=float)
@@ -303,7 +303,7 @@ def variant_table(folders: dict[str, list[Path]]) -> pd.DataFrame:
         frames = [metrics(f) for f in runs]
         first_half, second_half = (np.concatenate(half) for half in zip(*(fatal_endings_by_half(f) for f in runs)))
         modes = {f"{mode} episodes": int(sum(frame[f"train/episodes/{mode}"].sum() for frame in frames))
-                 for mode in ("plain", "memory_on", "off_policy")}
+                 for mode in MODE_NAMES.values()}
         rows.append({"variant": label, "final test score": mean,
                      "95% low": low, "95% high": high, "seeds": len(runs),
                      "test episodes": int(sum(len(s) for s in scores)),
@@ -314,13 +314,33 @@ def variant_table(folders: dict[str, list[Path]]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("variant").round(1)
 
 
+def training_curve(folders: list[Path], window: int = 1, phase: str = "train", tip_free: bool = False
+                   ) -> pd.DataFrame:
+    """Notebooks 04 and 11: per iteration, the mean episode score over runs (each run's mean first) and its 95%
+    interval (over the runs' means; over the episodes for one run). `window` > 1 pools blocks of that many
+    iterations (indexed by their last); `phase` "eval" gives the test episodes of each evaluation instead of
+    the training ones; `tip_free` keeps only the episodes played without tips (EMPO²'s plain ones; the tests
+    are all tip-free)."""
+    from empo2.stats import seed_interval
+
+    frames = [episodes(f) for f in folders]
+    frames = [tip_free_rows(f) if tip_free else f for f in frames]
+    played = [f[f["phase"] == phase].assign(block=lambda f: ((f["iteration"] - 1) // window + 1) * window)
+              for f in frames]
+    rows = []
+    for block in sorted(set().union(*[set(f["block"]) for f in played])):
+        groups = [f[f["block"] == block]["score"].to_numpy() for f in played]
+        mean, low, high = seed_interval(groups)
+        rows.append({"iteration": int(block), "score": mean, "95% low": low, "95% high": high})
+    return pd.DataFrame(rows).set_index("iteration")
+
+
 def plot_variants(folders: dict[str, list[Path]], title: str, name: str, results_dir: str = "results") -> None:
     """Training score against iteration, and the tip-free test score, each the mean over a variant's runs with
     its 95% interval (over the runs' means), one colour per variant; saved as a figure. When each run was
     evaluated once (at its end), the test panel shows one point per variant instead of lines."""
     import matplotlib.pyplot as plt
 
-    from empo2.lessons import training_curve
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
     tested = {label: training_curve(runs, phase="eval") for label, runs in folders.items()}

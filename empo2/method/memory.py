@@ -113,6 +113,12 @@ class TipMemory:
         self._scopes: dict[str, _Scope] = {}
         self._next_counter = 0
 
+    @classmethod
+    def from_config(cls, cfg, dim: int) -> "TipMemory":
+        """The memory `cfg` (an `EMPO2Config`) describes, for keys of `dim` (the embedder's)."""
+        return cls(dim=dim, capacity=cfg.memory_capacity, similarity_threshold=cfg.similarity_threshold,
+                   top_k=cfg.top_k)
+
     def add(self, key: np.ndarray, content: str, score: float, scope: str = "") -> bool:
         """Store one tip under `scope`, evicting that scope's oldest entry when it is full.
 

@@ -15,9 +15,9 @@ import torch
 from empo2.config import EMPO2Config
 from empo2.envs import env_from_config
 from empo2.episode import MEMORY_ON_POLICY
-from empo2.memory import TipMemory
-from empo2.models import Embedder, load_policy, load_trained_weights
-from empo2.rollout import Roller
+from empo2.llm.models import Embedder, load_policy, load_trained_weights
+from empo2.method.memory import TipMemory
+from empo2.method.rollout import Roller
 
 
 def load_trained_policy(cfg: EMPO2Config, weights: Path | None):
@@ -38,8 +38,7 @@ def adapt(cfg: EMPO2Config, weights: Path | None, target_task: str, *, trials: i
     written as `cfg.tip_decoding` says and stored after each trial, in one memory for the task."""
     model, tokenizer = load_trained_policy(cfg, weights)
     embedder = Embedder(cfg.embedder)
-    memory = TipMemory(dim=embedder.dim, capacity=cfg.memory_capacity,
-                       similarity_threshold=cfg.similarity_threshold, top_k=cfg.top_k)
+    memory = TipMemory.from_config(cfg, embedder.dim)
     envs = [env_from_config(cfg, target_task) for _ in range(episodes_per_trial)]
     roller = Roller.from_config(cfg, model, tokenizer, embedder=embedder, memory=memory,
                                 sampling_rng=torch.Generator().manual_seed(seed), memory_scope="task")

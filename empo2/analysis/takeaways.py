@@ -2,7 +2,7 @@
 disagree with them.
 
 Notebooks display these bullets under "Takeaways" (`Markdown(takeaways.main_comparison(profile, results_dir))`),
-and `python -m empo2.report` writes them, for the laptop profile, into docs/results.md. Every function reads
+and `python -m empo2.analysis.report` writes them, for the laptop profile, into docs/results.md. Every function reads
 finished runs only (it never trains) and says what is not yet run; what the figures mean is said, without
 figures, in the notebook's text beside them.
 """
@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from empo2 import experiments, paper, suite
-from empo2.episode import failed
+from empo2 import paper
+from empo2.analysis import experiments, suite
+from empo2.episode import MODE_NAMES, failed
 from empo2.stats import bootstrap_interval, p_text, permutation_p, seed_difference, seed_interval, verdict
 
 METHODS = {"naive": "Naive", "memory_only": "memory-only", "grpo": "GRPO", "empo2": "EMPO²"}
@@ -180,8 +181,8 @@ def naive_all_tasks(profile: str, results_dir: str = "results") -> str:
 # ------------------------------------------------------------------------------------------ notebook 05
 def ood_adaptation(profile: str, results_dir: str = "results", target_task: str = "test-conductivity") -> str:
     """Notebook 05: the trained policies adapting to a new task with memory, weights frozen."""
-    from empo2.adaptation import names_its_episode
-    from empo2.lessons import ood_trials, trial_label
+    from empo2.method.adaptation import names_its_episode
+    from empo2.analysis.lessons import ood_trials, trial_label
 
     trials = ood_trials(profile, results_dir, target_task=target_task, saved_only=True)
     if trials is None:
@@ -215,7 +216,7 @@ def variants(configs: dict[str, list], compared: list[tuple[str, str]]) -> str:
     """Notebooks 06-08: each labelled variant's final test score (its runs, one per seed), its fall of fatal
     training episodes, its training episodes' modes and how those with tips fared, and the differences
     `compared` ((A, B) label pairs)."""
-    from empo2.lessons import memory_vs_plain
+    from empo2.analysis.lessons import memory_vs_plain
 
     by_label = _finished_variants(configs)
     if by_label is None:
@@ -233,7 +234,7 @@ def variants(configs: dict[str, list], compared: list[tuple[str, str]]) -> str:
         f"{label} {row['ended at −100, first half (%)']:.1f} % → {row['second half (%)']:.1f} %"
         for label, row in table.iterrows()) + "; mean training score " + ", ".join(
         f"{row['mean training score']:.1f}" for _, row in table.iterrows()) + " in the same order.")
-    modes = table[[f"{m} episodes" for m in ("plain", "memory_on", "off_policy")]]
+    modes = table[[f"{m} episodes" for m in MODE_NAMES.values()]]
     lines.append("- **Modes of the training episodes** (plain / memory on-policy / off-policy): " + "; ".join(
         f"{label} {' / '.join(str(int(n)) for n in counts)}" for label, counts in modes.iterrows()) + ".")
     guided = {label: memory_vs_plain(by_label[label]) for label, counts in modes.iterrows() if counts.iloc[1:].sum()}
@@ -315,7 +316,7 @@ def cost(profile: str, results_dir: str = "results") -> str:
 def _lesson_value(path: Path, settings: dict | None, profile: str, **overrides):
     """The lesson cache at `path` if the profile's config (with `overrides`) and `settings` made it, else None."""
     from empo2.config import EMPO2Config
-    from empo2.lessons import saved_record
+    from empo2.analysis.lessons import saved_record
 
     saved = saved_record(path, EMPO2Config.from_profile(profile, **overrides), settings)
     return None if saved is None else saved["value"]
@@ -351,7 +352,7 @@ def quickstart(profile: str, results_dir: str = "results", task: str = suite.MAI
 def exploration(profile: str, results_dir: str = "results", task: str = suite.MAIN_TASK, seed: int = 0,
                 episodes: int = 2) -> str:
     """Notebook 01: plain episodes, then with their tips, and what training changed at test."""
-    from empo2.lessons import test_outcomes, trajectory_summary
+    from empo2.analysis.lessons import test_outcomes, trajectory_summary
 
     trajectories = _lesson_value(Path(results_dir) / profile / "exploration" / f"{task}-seed{seed}.json",
                                  {"episodes": episodes}, profile, task=task, seed=seed)
@@ -385,7 +386,7 @@ def exploration(profile: str, results_dir: str = "results", task: str = suite.MA
 def tips(profile: str, results_dir: str = "results", task: str = suite.MAIN_TASK, seed: int = 0, episodes: int = 2) -> str:
     """Notebook 02: one memory, the tips written in training, memory-only adaptation with each kind of tips
     (`lessons.TIP_STUDY_CONDITIONS`), and tips inside EMPO² training."""
-    from empo2.lessons import TIP_STUDY_BUDGET, memory_vs_plain, tip_trials, trial_gain
+    from empo2.analysis.lessons import TIP_STUDY_BUDGET, memory_vs_plain, tip_trials, trial_gain
 
     lines = []
     snapshot = _lesson_value(Path(results_dir) / profile / "memory" / f"{task}-seed{seed}.json",
@@ -432,7 +433,7 @@ def tips(profile: str, results_dir: str = "results", task: str = suite.MAIN_TASK
 
 def importance_ratios(profile: str, results_dir: str = "results", task: str = suite.MAIN_TASK, seed: int = 0) -> str:
     """Notebook 03: the three modes' importance ratios on one batch, before and after one update."""
-    from empo2.lessons import ratio_table
+    from empo2.analysis.lessons import ratio_table
 
     overrides = dict(task=task, seed=seed, p=1.0, q=0.5, group_size=6, experiment="ratios", checkpoint_every=0,
                      results_dir=str(Path(results_dir) / "scratch"))
@@ -467,7 +468,7 @@ def webshop(profile: str, results_dir: str = "results", scripted: pd.DataFrame |
 
 def webshop_runs(folders: list[Path], scripted: pd.DataFrame | None = None) -> str:
     """`webshop`'s bullets for the WebShop runs `folders` (one per method and seed)."""
-    from empo2.lessons import bought, last_evaluation, read_episodes, skipped_updates
+    from empo2.analysis.lessons import bought, last_evaluation, read_episodes, skipped_updates
 
     table = experiments.score_table(folders)
     per_run = int(table["test episodes"].iloc[0] / table["seeds"].iloc[0])
@@ -508,8 +509,8 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
     """Notebook 11: CoinCollector's final scores and differences, the learning curves' landmarks (training blocks
     of `window` iterations), where the coin was found, and how EMPO²'s modes fared."""
     from empo2.episode import succeeded
-    from empo2.lessons import (coin_in_first_room, last_evaluation, scores_by_coin_room,
-                               searching_on_seen_and_unseen_games, test_scores_on, training_curve)
+    from empo2.analysis.lessons import (coin_in_first_room, last_evaluation, scores_by_coin_room,
+                               searching_on_seen_and_unseen_games, test_scores_on)
 
     configs = suite.coin_runs(profile, results_dir)
     folders = _finished(configs)
@@ -532,7 +533,8 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
     for m in ("grpo", "empo2"):
         if not runs[m]:
             continue
-        train, test = training_curve(runs[m], window=window, tip_free=True), training_curve(runs[m], phase="eval")
+        train, test = (experiments.training_curve(runs[m], window=window, tip_free=True),
+                       experiments.training_curve(runs[m], phase="eval"))
         half_way = train.index[train["score"] >= 50]
         lines.append(
             f"- **{METHODS[m]}** tip-free training score {train['score'].iloc[0]:.1f} in iterations 1–{train.index[0]}, "
@@ -675,8 +677,8 @@ def document(results_dir: str | Path = "results", profile: str = "laptop") -> st
     commits = sorted({json.loads(p.read_text()).get("git_commit", "")[:7]
                       for p in (Path(results_dir) / profile).glob("*/*/config.json")})
     parts = ["# Results committed so far", "",
-             f"Generated by `python -m empo2.report` from the `{profile}` runs in `results/{profile}/` (do not edit): "
-             "each section is one notebook's takeaways, computed from the saved runs by `empo2.takeaways`, so the "
+             f"Generated by `python -m empo2.analysis.report` from the `{profile}` runs in `results/{profile}/` (do not edit): "
+             "each section is one notebook's takeaways, computed from the saved runs by `empo2.analysis.takeaways`, so the "
              "numbers here, in the notebooks and in the runs agree. Intervals over several runs are 95% Student-t "
              "intervals on the runs' mean scores (Welch's for a difference; over the episodes where there is one "
              "run), p the two-sided p of an exact permutation test of the runs' means; a difference whose interval "

@@ -3,7 +3,7 @@
 Written against vLLM's documented API (versions 0.10.1 to 0.33: `LLM`, `SamplingParams`, token-id
 prompts, `LoRARequest`, `StructuredOutputsParams` / `GuidedDecodingParams`, the engine's
 `logprobs_mode`); run on vLLM's CPU build 0.32.0 (`make vllm-check`), not yet on a GPU.
-`python -m empo2.vllm_engine [--device cpu] [--dtype float32]` compares vLLM's log-probs with the
+`python -m empo2.llm.vllm_check [--device cpu] [--dtype float32]` compares vLLM's log-probs with the
 policy's own; tests/test_vllm_engine.py tests our side against a stand-in engine, and the real
 engine where .venv-vllm exists. On a CPU the engine's KV cache is `vllm_cpu_kv_cache_gib` and its
 threads are bound to every core (`cpu_environment`).
@@ -12,12 +12,12 @@ threads are bound to every core (`cpu_environment`).
     generator = engine.generator(model, num_slots=8, temperature=1.0)   # publishes the adapter if it changed
     responses = generator.generate({slot: prompt_ids, ...}, 32, constraints)  # as GroupGenerator.generate
 
-What matches the transformers generator (`empo2.generation`):
+What matches the transformers generator (`empo2.llm.generation`):
 
 - One distribution. Requests set the temperature T and switch off everything else (top-p 1,
   top-k off, min-p 0, no penalties), and the engine is built with
   `logprobs_mode="processed_logprobs"`: the log-prob vLLM returns for a sampled token is then
-  log softmax(mask(logits) / T), the same distribution `empo2.logprobs` scores (logits / T,
+  log softmax(mask(logits) / T), the same distribution `empo2.llm.logprobs` scores (logits / T,
   renormalised over the allowed tokens). vLLM's default, `raw_logprobs`, is of the logits before
   temperature and before `allowed_token_ids`. `generation_config="vllm"` keeps the model
   folder's sampling defaults (Qwen2.5's top-p 0.8, top-k 20, repetition penalty 1.05) and extra
@@ -38,7 +38,7 @@ What matches the transformers generator (`empo2.generation`):
              the adapter). Exact for full fine-tuning and in float32; merging a LoRA adapter into bf16
              weights rounds most of a young adapter's change away (`benchmarks/merge_precision.py`).
              Needs workers with `reload_weights(weights_path=...)` (run on vLLM 0.32's CPU build).
-- Constrained decoding (`empo2.constrained`), `constraint`:
+- Constrained decoding (`empo2.llm.constrained`), `constraint`:
     tokens  exact (default). Each decision token is one request with `max_tokens=1` and
             `allowed_token_ids` = the trie's allowed set; forced runs are appended here with
             log-prob 0, as GroupGenerator does; a free-text argument (WebShop's `search[...]`)
@@ -70,29 +70,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from empo2.chat import ChatFormat, Message
-from empo2.config import EMPO2Config
-from empo2.constrained import ActionConstraint, ActionEncoder, Cursor
-from empo2.envs import make_env
+from empo2.config import CHOICES
 from empo2.episode import is_forced
-from empo2.generation import GroupGenerator, Response, append_forced
-from empo2.logprobs import sequence_logprobs
-from empo2.models import load_policy, resolve_policy_path
-from empo2.prompts import SYSTEM_PROMPT
+from empo2.llm.constrained import ActionConstraint, Cursor
+from empo2.llm.generation import Response, append_forced
+from empo2.llm.models import resolve_policy_path
 
 MIN_VLLM = (0, 10, 1)
 """The first vLLM with the engine argument `logprobs_mode` (processed log-probs)."""
 LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """Values vLLM accepts for `max_lora_rank`."""
-CONSTRAINTS = ("tokens", "choice")
-WEIGHT_SYNCS = ("adapter", "weights")
-CHECK_FLOAT32_BOUND = 1e-3
-"""`main`'s bound on the largest log-prob gap between the engine and the policy in float32. In bf16 the bound is
-measured in the run: the gap between the suite's own sampler (`GroupGenerator`, the default rollout engine) and the
-same policy's scoring, on the same prompt and constraint, and at least this."""
-CHECK_ADAPTER_STD = 0.3
-"""The spread of `main`'s stand-in adapter: large enough that it moves the decision tokens' log-probs well above
-bf16 rounding (at 0.02 it moved the corridor's trie sets by 0.003 in bf16, less than the engine's rounding)."""
 _INSTALL = ("install the gpu extra on a CUDA machine (pip install -e '.[gpu]'), or on a CPU run `make vllm-check`, "
             "which builds .venv-vllm with vLLM's CPU build")
 
@@ -292,8 +279,8 @@ class VLLMGenerator:
 
     def __init__(self, llm, tokenizer, num_slots: int, *, temperature: float = 1.0, lora_request=None,
                  constraint: str = "tokens", rng: np.random.Generator | None = None, api: VLLMApi | None = None):
-        if constraint not in CONSTRAINTS:
-            raise ValueError(f"vllm_constraint: {constraint!r} is not allowed; choose one of {', '.join(CONSTRAINTS)}")
+        if constraint not in CHOICES["vllm_constraint"]:
+            raise ValueError(f"vllm_constraint: {constraint!r} is not allowed; choose one of {', '.join(CHOICES['vllm_constraint'])}")
         self.llm = llm
         self.tokenizer = tokenizer
         self.stop_id = tokenizer.eos_token_id
@@ -552,14 +539,14 @@ class VLLMEngine:
         """The engine an `EMPO2Config` describes (`vllm_gpu_memory` or `vllm_cpu_kv_cache_gib`, `vllm_constraint`,
         `vllm_weight_sync`), its weights in `dtype` (the policy's default, bf16)."""
         sync = getattr(cfg, "vllm_weight_sync", "adapter")
-        if sync not in WEIGHT_SYNCS:
-            raise ValueError(f"vllm_weight_sync: {sync!r} is not allowed; choose one of {', '.join(WEIGHT_SYNCS)}")
+        if sync not in CHOICES["vllm_weight_sync"]:
+            raise ValueError(f"vllm_weight_sync: {sync!r} is not allowed; choose one of {', '.join(CHOICES['vllm_weight_sync'])}")
         if sync == "adapter" and cfg.trains_weights and cfg.lora_rank == 0:
             raise ValueError("vllm_weight_sync: 'adapter' is not allowed with lora_rank 0 when training (there is no "
                              "adapter to send); use 'weights'")
         constraint = getattr(cfg, "vllm_constraint", "tokens")
-        if constraint not in CONSTRAINTS:
-            raise ValueError(f"vllm_constraint: {constraint!r} is not allowed; choose one of {', '.join(CONSTRAINTS)}")
+        if constraint not in CHOICES["vllm_constraint"]:
+            raise ValueError(f"vllm_constraint: {constraint!r} is not allowed; choose one of {', '.join(CHOICES['vllm_constraint'])}")
         model_path = resolve_policy_path(cfg.model)
         if sync == "weights" and cfg.trains_weights and cfg.lora_rank == 0 and ties_output_layer(model_path):
             # Measured on vLLM 0.32's CPU build: every weight of SmolLM2 changed, the engine's log-probs were up to
@@ -619,108 +606,3 @@ class VLLMEngine:
             if folder is not None:
                 shutil.rmtree(folder.root, ignore_errors=True)
         self.llm = None
-
-
-# ------------------------------------------------------------------ a check with vLLM
-def stand_in_adapter(model, std: float, generator) -> None:
-    """Draw the LoRA B matrices N(0, std²), so the adapter moves the policy as a trained one does (a fresh adapter
-    is zero, and an engine holding only the base weights would then look right)."""
-    import torch
-
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(std * torch.randn(parameter.shape, generator=generator))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Sample one corridor group with vLLM (both constraint ways, and free text) from a policy whose LoRA adapter is
-    not zero (as after training), score the samples with the policy itself, and print, per way, the largest log-prob
-    gap over decision tokens, the bound it is held to, and how far the adapter moves those log-probs from the base
-    model's (what a weight sync that did not arrive would show). In float32 the bound is CHECK_FLOAT32_BOUND; in bf16
-    it is the gap the suite's own sampler shows against the same scoring, measured here on the same prompt (two bf16
-    implementations of one model round differently; the engine may sit no further from the learner than the default
-    rollouts do). The check passes when every way's gap is within its bound and the adapter's effect stands above
-    twice the bound (so an engine without the adapter could not pass). Needs vllm (on a CPU: `make vllm-check`)."""
-    import argparse
-
-    import torch
-
-    parser = argparse.ArgumentParser(prog="python -m empo2.vllm_engine", description=main.__doc__)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="where the policy and the engine run (default: cuda when there is one)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                        help="the weights of both the policy and the engine (float32 shows what bf16 rounding costs)")
-    parser.add_argument("--weight-sync", choices=WEIGHT_SYNCS, default=EMPO2Config.vllm_weight_sync,
-                        help="how the policy's weights reach the engine (the config's vllm_weight_sync)")
-    parser.add_argument("--adapter-std", type=float, default=CHECK_ADAPTER_STD,
-                        help="the stand-in adapter's B matrices are drawn N(0, std^2) (default: %(default)s)")
-    parser.add_argument("--broken", action="store_true",
-                        help="a deliberately broken engine: the policy's adapter or weights are never sent, so it "
-                             "samples the base model; the check must fail")
-    args = parser.parse_args(argv)
-    cfg = EMPO2Config.from_profile("ci", env="corridor", method="grpo", device=args.device,
-                                   vllm_weight_sync=args.weight_sync)
-    model, tokenizer = load_policy(cfg.model, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
-                                   lora_target_modules=cfg.lora_target_modules, device=cfg.device,
-                                   dtype=getattr(torch, args.dtype))
-    model.eval()
-    stand_in_adapter(model, args.adapter_std, torch.Generator().manual_seed(0))
-    env = make_env("corridor")
-    observation, info = env.reset(env.train_variations[0])
-    messages = [Message("system", SYSTEM_PROMPT),
-                Message("user", env.first_turn_text(info["task_description"], observation, info))]
-    prompt = ChatFormat(tokenizer).render(messages, add_generation_prompt=True).ids()
-    constraint = ActionEncoder(tokenizer).constraint(info["valid_actions"], cfg.response_tokens)
-
-    def largest_gaps(responses) -> tuple[float, float]:
-        """(the largest |log-prob| gap between the sampler and the policy's scoring, and between the policy and its
-        base model) over the decision tokens of `responses`."""
-        gap = moved = 0.0
-        for response in responses.values():
-            span = [(len(prompt), len(prompt) + len(response.ids))]
-            score = lambda m: sequence_logprobs(m, prompt + response.ids, span, temperature=cfg.temperature,  # noqa: E731
-                                                allowed=response.allowed).float().cpu()
-            with torch.no_grad():
-                ours = score(model)
-                with model.disable_adapter():
-                    base = score(model)
-            theirs = torch.tensor(response.logprobs)
-            decided = ~torch.isnan(theirs)
-            if decided.any():
-                gap = max(gap, float((ours[decided] - theirs[decided]).abs().max()))
-                moved = max(moved, float((ours[decided] - base[decided]).abs().max()))
-        return gap, moved
-
-    engine = VLLMEngine.from_config(cfg, tokenizer, dtype=args.dtype)
-    if args.broken:
-        engine.sync_weights = lambda model: False
-        engine.lora_request = lambda model: None
-    passed = True
-    for way, constraints in (("tokens", constraint), ("choice", constraint), ("free", None)):
-        requests = ({slot: prompt for slot in range(8)}, cfg.response_tokens,
-                    None if constraints is None else {slot: constraints for slot in range(8)})
-        engine.constraint = "choice" if way == "choice" else "tokens"
-        generator = engine.generator(model, 8, temperature=cfg.temperature)
-        responses = generator.generate(*requests)
-        gap, moved = largest_gaps(responses)
-        own = GroupGenerator(model, tokenizer, 8, temperature=cfg.temperature,
-                             sampling_rng=torch.Generator().manual_seed(cfg.seed))
-        own_gap = largest_gaps(own.generate(*requests))[0]
-        bound = CHECK_FLOAT32_BOUND if args.dtype == "float32" else max(CHECK_FLOAT32_BOUND, own_gap)
-        held = gap <= bound and moved > 2 * bound
-        passed = passed and held
-        texts = sorted({tokenizer.decode(r.ids, skip_special_tokens=True) for r in responses.values()})
-        print(f"vllm {way:6s}: max |log-prob gap| {gap:.4f} over decision tokens, bound {bound:.4f} (the suite's own "
-              f"sampler's gap {own_gap:.4f}); the adapter moves them up to {moved:.4f} from the base model's "
-              f"({'held' if held else 'NOT held'}); {generator.engine_calls} engine calls, {generator.respelled} "
-              f"re-spelled; sampled {texts[:4]}")
-    engine.close()
-    print(f"vllm check: {'PASSED' if passed else 'FAILED'}: {args.dtype} engine{' (broken: nothing sent)' if args.broken else ''} "
-          f"vs policy on {args.device}, weight sync {args.weight_sync}, {engine.weight_loads} weight loads, "
-          f"adapter std {args.adapter_std}")
-    return 0 if passed else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
