@@ -24,11 +24,12 @@ import numpy as np
 import torch
 
 from empo2.chat import ChatFormat, Message, format_tip_block
+from empo2.config import CHOICES
 from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, Episode, Mode, Turn
 from empo2.llm.constrained import FREE_TEXT, ActionEncoder, TemplateConstraint, action_text
 from empo2.llm.generation import GroupGenerator
 from empo2.llm.vllm_engine import VLLMEngine
-from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, TIP_TEMPLATES, constrained_tip_prompt,
+from empo2.prompts import (SINGLE_TURN_SYSTEM, SYSTEM_PROMPT, TIP_PROMPT, constrained_tip_prompt,
                            extract_action, memory_content, single_turn_prompt, tip_template)
 
 
@@ -97,6 +98,11 @@ class Roller:
                  action_decoding: str = "free", parallel_envs: bool = True, cache_layout: str = "ragged",
                  engine=None, repeat_tips: bool = True, tip_decoding: str = "free",
                  tip_template: str = "helpful_avoid_next"):
+        options = {"prompt_style": prompt_style, "action_decoding": action_decoding, "tip_decoding": tip_decoding,
+                   "tip_template": tip_template}
+        for name, value in options.items():
+            if value not in CHOICES[name]:
+                raise ValueError(f"{name}: {value!r} is not allowed; choose one of {', '.join(CHOICES[name])}")
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer)
@@ -110,11 +116,7 @@ class Roller:
         self.sampling_rng = sampling_rng
         """The random number generator the rollouts sample tokens from (None: torch's global one)."""
         self.memory_scope = memory_scope
-        if prompt_style not in ("chat", "single_turn"):
-            raise ValueError(f"prompt_style: {prompt_style!r} is not allowed; choose chat or single_turn")
         self.prompt_style = prompt_style
-        if action_decoding not in ("free", "constrained"):
-            raise ValueError(f"action_decoding: {action_decoding!r} is not allowed; choose free or constrained")
         self.action_encoder = ActionEncoder(tokenizer) if action_decoding == "constrained" else None
         """Builds each state's constraint when actions are decoded constrained; None for free text."""
         self.parallel_envs = parallel_envs
@@ -127,13 +129,9 @@ class Roller:
         """A vLLM engine that samples the rollouts (empo2.llm.vllm_engine); None: the policy itself (GroupGenerator)."""
         self.repeat_tips = repeat_tips
         """Show a tip again at later steps that retrieve it (False: once per episode; see EMPO2Config)."""
-        if tip_decoding not in ("free", "constrained"):
-            raise ValueError(f"tip_decoding: {tip_decoding!r} is not allowed; choose free or constrained")
         self.tip_decoding = tip_decoding
         self.tip_texts = ActionEncoder(tokenizer) if tip_decoding == "constrained" else None
         """Tokenises the pieces of constrained tips; None for free-text tips."""
-        if tip_template not in TIP_TEMPLATES:
-            raise ValueError(f"tip_template: {tip_template!r} is not allowed; choose one of {', '.join(TIP_TEMPLATES)}")
         self.tip_template = tip_template
         """The slots of a constrained tip (`prompts.tip_template`)."""
         self.timer = RolloutTimer()
