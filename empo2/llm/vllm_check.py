@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             score = lambda m: sequence_logprobs(m, prompt + response.ids, span, temperature=cfg.temperature,  # noqa: E731
                                                 allowed=response.allowed).float().cpu()
             with torch.no_grad():
-                ours, truth = score(model), score(exact)
+                ours = score(model)
+                truth = ours if exact is model else score(exact)  # float32: the policy is its own copy
                 with model.disable_adapter():
                     base = score(model)
             theirs = torch.tensor(response.logprobs)
