@@ -7,9 +7,10 @@
 Prints, for the laptop model (SmolLM2-135M, LoRA r8) on 2 CPU cores:
   0. the machine: threads, and memory read bandwidth (a sum over 512 MB);
   1. one group rollout (temperature 1, fixed seed) in each KV cache layout: ragged (each
-     row its own length, each row's attention reading only its own entries), padded
-     (written in place, finished episodes not computed) and plain (copied at every call,
-     every row computed); with --with-naive also re-encoding the history at every step;
+     row its own length, each row's attention reading only its own entries; the one training
+     uses), padded (written in place, finished episodes not computed) and plain (copied at every
+     call, every row computed), both in benchmarks/cache_layouts.py; with --with-naive also
+     re-encoding the history at every step;
      do the ways play the same episodes? The cache positions a decode step reads, and the
      share of them that are holes (padding, and rows shorter than the longest);
   2. one decode step over each rollout's cache, against the memory-bandwidth bound
@@ -51,7 +52,9 @@ from empo2.episode import PLAIN
 from empo2.llm.generation import GroupGenerator
 from empo2.llm.logprobs import episode_logprobs, tokens_processed
 from empo2.llm.models import load_policy
-from empo2.method.rollout import Roller, call_each
+from empo2.method.rollout import call_each
+
+from cache_layouts import LAYOUTS, LayoutRoller, PaddedGenerator, cache_positions  # beside this file
 
 
 def read_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:
@@ -72,9 +75,9 @@ def laptop_config(args, **overrides) -> EMPO2Config:
 
 def rollout(model, tokenizer, envs, variation, args, *, cache_layout: str = "ragged", reuse_cache: bool = True):
     """One group rollout at temperature 1 from a fixed seed: both ways draw the same samples from the same logits."""
-    roller = Roller.from_config(laptop_config(args, reuse_cache=reuse_cache), model, tokenizer,
-                                sampling_rng=torch.Generator().manual_seed(0))
-    roller.cache_layout = cache_layout
+    roller = LayoutRoller.from_config(laptop_config(args, reuse_cache=reuse_cache), model, tokenizer,
+                                      sampling_rng=torch.Generator().manual_seed(0))
+    roller.generator_class = LAYOUTS[cache_layout]
     roller.parallel_envs = False  # environment steps are compared in section 3
     start = time.perf_counter()
     episodes = roller.run(envs, [variation] * len(envs), [PLAIN] * len(envs), temperature=1.0)
@@ -96,7 +99,8 @@ def decode_step_ms(generator, steps: int = 8) -> float:
     slots = list(generator.rows)
     token = generator.stop_id
     with torch.no_grad():
-        generator._bring_forward(set(slots))
+        if isinstance(generator, PaddedGenerator):  # every row computed (the ragged cache computes the rows it feeds)
+            generator._bring_forward(set(slots))
         generator._feed({slot: [token] for slot in slots})  # warm-up
         start = time.perf_counter()
         for _ in range(steps):
@@ -229,6 +233,17 @@ def replay_seconds(envs, variation, episodes, parallel: bool) -> float:
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def separate_old_pass(update):
+    """`update` scoring θ_old in a separate no-grad pass for every episode (the plain way), none of them taken
+    from its first gradient pass."""
+    update.old_from_first_pass = lambda episodes, first_minibatch: set()
+    try:
+        yield
+    finally:
+        del update.old_from_first_pass  # the class's own again
+
+
 def iteration(args, method: str, **overrides) -> tuple[dict, dict]:
     """The second iteration of a trainer (the first fills the memory), one training variation: its metrics, and its
     update timed both ways.
@@ -250,8 +265,8 @@ def iteration(args, method: str, **overrides) -> tuple[dict, dict]:
                 saved = ({n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad},
                          copy.deepcopy(update.optimizer.state_dict()), copy.deepcopy(trainer.rng.bit_generator.state))
                 start = time.perf_counter()
-                update.reuse_old_logprobs = False
-                plain = update(episodes, advantages, decisions)
+                with separate_old_pass(update):
+                    plain = update(episodes, advantages, decisions)
                 extra["plain update seconds"] = time.perf_counter() - start
                 extra["plain tokens read"] = plain.get("update/tokens_read_per_trajectory_token", float("nan"))
                 named = dict(trainer.model.named_parameters())
@@ -260,7 +275,6 @@ def iteration(args, method: str, **overrides) -> tuple[dict, dict]:
                         named[name].copy_(value)
                 update.optimizer.load_state_dict(saved[1])
                 trainer.rng.bit_generator.state = saved[2]
-                update.reuse_old_logprobs = True
                 extra["context tokens"] = sum(len(e.turns[-1].prompt_ids) + len(e.turns[-1].response_ids)
                                               for e in episodes)
                 extra["tip-free tokens"] = sum(len(e.turns[-1].prompt_ids_tip_free) + len(e.turns[-1].response_ids)
@@ -410,7 +424,7 @@ def main() -> None:
               f"{'of it holes':>11s} {'seconds':>8s}")
         for name, (_, r, _) in runs.items():
             g = r.last_generator
-            read, real = g.cache_positions()
+            read, real = cache_positions(g)
             print(f"   {name:10s} {g.prefilled_tokens:10d} {g.computed_tokens:10d} {g.forward_calls:11d} "
                   f"{read:11d} {1 - real / read:11.0%} {r.timer.generation:8.1f}")
         base = roller.timer.generation
@@ -431,7 +445,7 @@ def main() -> None:
         steps = {}
         for name in ways:
             g = runs[name][1].last_generator
-            read, real = g.cache_positions()
+            read, real = cache_positions(g)
             bound = (trunk_bytes + real * position_bytes) / (bandwidth * 1e9) * 1000  # what must be read, once
             steps[name] = ms = decode_step_ms(g)
             print(f"   {name:8s}: {ms:6.1f} ms at batch {len(g.rows)}, reading {read} cache positions ({real} real); "
@@ -449,7 +463,7 @@ def main() -> None:
               "\n    the key/value heads)")
         if args.with_compile:
             g = runs["ragged"][1].last_generator
-            length = round(g.cache_positions()[1] / len(g.rows))
+            length = round(cache_positions(g)[1] / len(g.rows))
             lever = compiled_decode_lever(model, tokenizer, len(g.rows), length)
             kept = lever["ragged cache (kept)"]
             print(f"   torch.compile, measured on {len(g.rows)} synthetic prompts of {length} tokens (the rollout's mean):"

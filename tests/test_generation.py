@@ -1,4 +1,5 @@
-"""Cached lock-step generation equals re-encoding; its log-probs equal a plain forward pass.
+"""Cached lock-step generation (the ragged KV cache) equals re-encoding and a plain forward pass without any
+cache, and each cache row holds exactly its own tokens' keys and values.
 
 Runs in float32 so that "equal" can mean 1e-4: in bfloat16 the two paths round
 differently (differences up to ~0.2 nats were seen), which is precision, not logic.
@@ -17,9 +18,9 @@ OBSERVATIONS = [
 ]
 
 
-def _play(model, tokenizer, reuse_cache, row_split_ratio=2.0, layout="ragged"):
+def _play(model, tokenizer, reuse_cache, row_split_ratio=2.0):
     chat = ChatFormat(tokenizer)
-    generator = GroupGenerator(model, tokenizer, 3, reuse_cache=reuse_cache, temperature=0, layout=layout)
+    generator = GroupGenerator(model, tokenizer, 3, reuse_cache=reuse_cache, temperature=0)
     generator.row_split_ratio = row_split_ratio
     messages = [[Message("system", "You are an agent."), Message("user", "Observation: " + obs[0])]
                 for obs in OBSERVATIONS]
@@ -36,7 +37,31 @@ def _play(model, tokenizer, reuse_cache, row_split_ratio=2.0, layout="ragged"):
     return outputs, generator, messages
 
 
-def test_cache_reuse_matches_reencoding_and_full_forward(policy_fp32):
+def _full_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """Log-probs after each position of one forward pass over `ids`, no cache: (L, vocab)."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+
+
+def _assert_greedy_continuations_of_full_forward(model, tokenizer, outputs, messages):
+    """Each sampled response is the greedy continuation, with its log-probs, of one forward pass over the whole
+    conversation without any cache."""
+    chat = ChatFormat(tokenizer)
+    for slot in range(3):
+        rendered = chat.render(messages[slot], add_generation_prompt=False)
+        ids = rendered.ids()
+        full = _full_logprobs(model, ids)  # (L, vocab)
+        sampled = [o for o in outputs if o[0] == slot]
+        assert len(rendered.response_spans()) == len(sampled)
+        for (start, end), (_, turn, response, logprobs) in zip(rendered.response_spans(), sampled):
+            assert ids[start:end] == response
+            before = full[start - 1 : end - 1]  # (n, vocab): the distributions the response was sampled from
+            assert before.argmax(-1).tolist() == response, f"slot {slot} turn {turn}: not the greedy tokens"
+            expected = before.gather(1, torch.tensor(response)[:, None])[:, 0]  # (n,)
+            torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_cache_reuse_prefills_less_and_matches_reencoding_and_full_forward(policy_fp32):
     model, tokenizer = policy_fp32
     cached, cached_gen, messages = _play(model, tokenizer, reuse_cache=True)
     naive, naive_gen, _ = _play(model, tokenizer, reuse_cache=False)
@@ -44,75 +69,53 @@ def test_cache_reuse_matches_reencoding_and_full_forward(policy_fp32):
     for (s, t, ids, lps), (_, _, ids2, lps2) in zip(cached, naive):
         assert ids == ids2, f"slot {s} turn {t}: greedy tokens differ"
         torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
-    chat = ChatFormat(tokenizer)
-    for slot in range(3):
-        rendered = chat.render(messages[slot], add_generation_prompt=False)
-        ids = rendered.ids()
+    _assert_greedy_continuations_of_full_forward(model, tokenizer, cached, messages)
+
+
+@pytest.mark.parametrize("row_split_ratio", [1e9, 0.0])  # chunks in padded batches; row by row
+def test_ragged_cache_matches_a_plain_forward_pass(policy_fp32, row_split_ratio):
+    """Batched or row by row, with slot 2 idle in the last turn: the responses are a full forward pass's, each
+    cache row holds its own tokens' keys and values (a forward pass over them alone) from position 0 and nothing
+    after, and row by row computes exactly the real tokens (no padding, the idle slot not at all)."""
+    model, tokenizer = policy_fp32
+    outputs, generator, messages = _play(model, tokenizer, reuse_cache=True, row_split_ratio=row_split_ratio)
+    _assert_greedy_continuations_of_full_forward(model, tokenizer, outputs, messages)
+    real = sum(len(ids) for ids in generator.fed.values())
+    if row_split_ratio == 0.0:
+        assert generator.computed_tokens == real
+    else:
+        assert generator.computed_tokens > real  # the padding of the batched chunks
+    layers = generator.cache.layers
+    assert layers[0].length == max(len(ids) for ids in generator.fed.values())
+    for row, slot in enumerate(generator.rows):
+        fed = generator.fed[slot]
         with torch.no_grad():
-            full = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)  # (L, vocab)
-        sampled = [o for o in cached if o[0] == slot]
-        for (start, end), (_, _, response, logprobs) in zip(rendered.response_spans(), sampled):
-            assert ids[start:end] == response
-            expected = torch.stack([full[p - 1, ids[p]] for p in range(start, end)])
-            torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
-
-
-def test_row_by_row_prefill_matches_the_padded_batch(policy_fp32):
-    """Chunks run row by row on their real tokens (no padding computed) give the same tokens and log-probs."""
-    model, tokenizer = policy_fp32
-    batched, batched_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=1e9)
-    by_row, by_row_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=0.0)
-    assert by_row_gen.forward_calls > batched_gen.forward_calls  # the row-by-row path was taken
-    for (s, t, ids, lps), (_, _, ids2, lps2) in zip(batched, by_row):
-        assert ids == ids2, f"slot {s} turn {t}: greedy tokens differ"
-        torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
-
-
-@pytest.mark.parametrize("layout", ["ragged", "padded"])
-def test_cache_layouts_match_the_plain_cache(policy_fp32, layout):
-    """Ragged rows, or padded rows written in place, with only the asked-for slots computed, give the plain
-    cache's tokens and log-probs; the ragged cache holds no holes."""
-    model, tokenizer = policy_fp32
-    for ratio in (1e9, 0.0):  # padded batches, and row by row
-        fast, fast_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, layout=layout)
-        plain, plain_gen, _ = _play(model, tokenizer, reuse_cache=True, row_split_ratio=ratio, layout="plain")
-        assert fast_gen.computed_tokens < plain_gen.computed_tokens  # slot 2's idle turn is not computed
-        read, real = fast_gen.cache_positions()
-        plain_read, plain_real = plain_gen.cache_positions()
-        assert real == plain_real < plain_read  # the plain cache has holes
-        layer = fast_gen.cache.layers[0]
-        if layout == "ragged":
-            assert read == real and layer.length == max(len(ids) for ids in fast_gen.fed.values())
-        else:
-            assert layer.key_buffer.shape[2] >= layer.length == fast_gen.mask.shape[1]
-        for (s, t, ids, lps), (_, _, ids2, lps2) in zip(fast, plain):
-            assert ids == ids2, f"slot {s} turn {t}: greedy tokens differ"
-            torch.testing.assert_close(torch.tensor(lps), torch.tensor(lps2), atol=1e-4, rtol=0)
-
-
-def test_unknown_cache_layout_is_refused(policy_and_tokenizer):
-    model, tokenizer = policy_and_tokenizer
-    with pytest.raises(ValueError, match="layout must be one of ragged, padded, plain; got 'paged'"):
-        GroupGenerator(model, tokenizer, 1, layout="paged")
+            alone = model(torch.tensor([fed]), use_cache=True).past_key_values
+        for ours, plain in zip(layers, alone.layers, strict=True):
+            for buffer, expected in ((ours.key_buffer, plain.keys), (ours.value_buffer, plain.values)):
+                torch.testing.assert_close(buffer[row, :, : len(fed)], expected[0], atol=1e-4, rtol=0)
+                assert not buffer[row, :, len(fed) :].any(), f"slot {slot}: entries past its own tokens"
 
 
 def test_row_by_row_chunk_longer_than_the_cache(policy_fp32):
-    """A chunk wider than everything cached so far is placed into the batched cache too."""
+    """A chunk wider than everything cached so far, batched or row by row, gives a plain forward pass's tokens and
+    log-probs."""
     model, tokenizer = policy_fp32
     short = tokenizer("Hi.", add_special_tokens=False)["input_ids"]
     long = tokenizer(" ".join(OBSERVATIONS[1]) * 3, add_special_tokens=False)["input_ids"]
-    results = []
     for ratio in (1e9, 0.0):
         generator = GroupGenerator(model, tokenizer, 2, temperature=0)
         generator.row_split_ratio = ratio
         first = generator.generate({0: short, 1: short}, 2)
         prompts = {s: short + first[s].ids + (long if s == 0 else short) for s in (0, 1)}
         assert len(long) > len(short) + 2
-        results.append(generator.generate(prompts, 3))
-    for slot in (0, 1):
-        assert results[0][slot].ids == results[1][slot].ids
-        torch.testing.assert_close(torch.tensor(results[0][slot].logprobs), torch.tensor(results[1][slot].logprobs),
-                                   atol=1e-4, rtol=0)
+        responses = generator.generate(prompts, 3)
+        for slot in (0, 1):
+            ids = prompts[slot] + responses[slot].ids
+            before = _full_logprobs(model, ids)[len(prompts[slot]) - 1 : -1]  # (n, vocab) for the n response tokens
+            assert before.argmax(-1).tolist() == responses[slot].ids
+            expected = before.gather(1, torch.tensor(responses[slot].ids)[:, None])[:, 0]  # (n,)
+            torch.testing.assert_close(torch.tensor(responses[slot].logprobs), expected, atol=1e-4, rtol=0)
 
 
 def test_non_append_only_prompt_is_refused(policy_and_tokenizer):

@@ -1,4 +1,5 @@
-"""The helpers the lesson notebooks call (empo2.analysis.lessons), on the toy corridor with the real default policy."""
+"""The helpers the lesson notebooks call (empo2.analysis.lessons) and the functions the notebooks define themselves
+(`tests.notebook_code`), on the toy corridor with the real default policy."""
 
 import json
 
@@ -13,6 +14,7 @@ from empo2.config import EMPO2Config
 from empo2.episode import MODE_NAMES
 from empo2.llm.models import default_dtype
 from empo2.method.loss import policy_loss
+from tests.notebook_code import defined_in
 
 
 def _cfg(tmp_path, **overrides):
@@ -78,13 +80,13 @@ def test_the_roller_reports_each_step_to_its_progress(tmp_path):
 
 def test_quickstart_and_exploration_play_real_episodes(tmp_path):
     cfg = _cfg(tmp_path)
-    episode = lessons.quickstart_episode(cfg)
+    episode = defined_in("00_quickstart")["quickstart_episode"](cfg)
     assert episode["task"] == "corridor" and episode["tip"] and "Task:" in episode["first_prompt"]
-    steps = lessons.episode_steps(episode)
+    steps = pd.DataFrame(episode["steps"]).set_index("step")  # as notebook 00 shows it
     assert steps.index.dtype == np.int64 and list(steps.index) == list(range(1, len(steps) + 1))
     assert steps["score"].iloc[-1] == episode["score"]
 
-    trajectories = lessons.plain_then_with_memory(cfg, episodes=2)
+    trajectories = defined_in("01_exploration_problem")["plain_then_with_memory"](cfg, episodes=2)
     assert [t["condition"] for t in trajectories] == ["plain", "plain", "with memory", "with memory"]
     assert all(t["tip"] for t in trajectories[:2])
     # Every state the memory-augmented episodes acted in is the corridor's, where the plain ones stored tips.
@@ -102,7 +104,7 @@ def test_side_by_side_has_integer_steps_and_no_empty_cells():
         {"condition": "with memory", "score": 7.0,
          "turns": [turn("a", 0.0, 3), turn("go c", 7.0, 2), turn("d", 7.0, 1)]},
     ]
-    table = lessons.side_by_side(trajectories)
+    table = defined_in("01_exploration_problem")["side_by_side"](trajectories)
     assert list(table.index) == [(1, 1), (1, 2), (1, 3)]
     assert all(level.dtype == np.int64 for level in table.index.levels)
     assert not table.isna().any().any()
@@ -112,7 +114,7 @@ def test_side_by_side_has_integer_steps_and_no_empty_cells():
 
 def test_memory_snapshot_retrieves_by_threshold_then_score(tmp_path):
     cfg = _cfg(tmp_path, top_k=2)
-    view = lessons.memory_snapshot(cfg, episodes=2)
+    view = defined_in("02_memory_and_tips")["memory_snapshot"](cfg, episodes=2)
     entries = pd.DataFrame(view["entries"])
     assert len(entries) and view["query_state"].startswith("You are in room 0")
     retrieved = entries[entries["retrieved"]]
@@ -124,7 +126,7 @@ def test_memory_snapshot_retrieves_by_threshold_then_score(tmp_path):
 
 def test_importance_ratios_of_the_three_modes(tmp_path):
     cfg = _cfg(tmp_path, p=1.0, q=0.5, checkpoint_every=0, experiment="ratios")
-    tokens = pd.DataFrame(lessons.importance_ratios(cfg))
+    tokens = pd.DataFrame(defined_in("03_importance_ratios")["importance_ratios"](cfg))
     assert set(tokens["mode"]) == {"plain", "memory_on", "off_policy"}
     on_policy = tokens[tokens["mode"] != "off_policy"]
     # Before any update θ = θ_old and on-policy contexts are the same: every ratio is exactly 1.
@@ -197,7 +199,7 @@ def test_tables_of_saved_runs(tmp_path):
         assert curve.loc[iteration].to_dict() == pytest.approx({"score": np.mean(means), "95% low": low,
                                                                 "95% high": high})
 
-    by_variation = lessons.test_scores_by_variation({"GRPO": grpo, "Naive": naive})
+    by_variation = defined_in("04_scienceworld")["test_scores_by_variation"]({"GRPO": grpo, "Naive": naive})
     assert list(by_variation.columns[:4]) == ["decoding", "steps", "test episodes", "mean"]
     assert [c for c in by_variation.columns if c.startswith("variation ")] == ["variation 5", "variation 6"]
     cfg = _cfg(tmp_path)

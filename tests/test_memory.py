@@ -47,7 +47,7 @@ def test_eviction_of_oldest_at_capacity():
     assert memory.retrieve(unit(0)) == []
     assert contents(memory.retrieve(unit(1))) == ["middle"]
     assert contents(memory.retrieve(unit(2))) == ["newest"]
-    assert memory._scopes[""].index.ntotal == 2
+    assert memory._scopes[""].keys.index.ntotal == 2
 
 
 def test_capacity_is_per_scope():

@@ -39,7 +39,8 @@ def test_embedder_shape_and_unit_norm(embedder):
         embedder.encode("a single string")
 
 
-def test_embedder_computes_each_distinct_text_once_and_matches_the_plain_way(embedder):
+def test_embedder_computes_each_distinct_text_once_and_matches_a_padded_batch(embedder):
+    """Each distinct text is computed once, alone; its vector is the usual masked mean pooling over a padded batch."""
     from empo2.llm.models import Embedder
 
     texts = ["A room with a battery.", "The door is open.", "A room with a battery.", "A bird in a tree, far away."]
@@ -50,8 +51,12 @@ def test_embedder_computes_each_distinct_text_once_and_matches_the_plain_way(emb
     again = cached.encode(texts[2:])  # both still cached (a cache of 2 keeps the two most recent texts)
     assert cached.computed - before == 3
     np.testing.assert_array_equal(again, first[2:])
-    plain = Embedder(cache_size=0).encode(texts)  # padded batches, every text every call
-    np.testing.assert_allclose(first, plain, atol=1e-5)
+    batch = cached.tokenizer(texts, padding=True, return_tensors="pt")  # texts of different lengths: padding
+    with torch.no_grad():
+        hidden = cached.model(**batch).last_hidden_state  # (4, L, dim)
+    mask = batch["attention_mask"].unsqueeze(-1).float()  # (4, L, 1)
+    reference = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).numpy()  # (4, dim)
+    np.testing.assert_allclose(first, reference, atol=1e-5)
     cached.encode(["The door is open."])  # evicted by the two more recent texts: computed again
     assert cached.computed - before == 4
 

@@ -93,3 +93,27 @@ def test_a_group_copy_records_visits_that_replay_to_the_same_store():
     replay(group.visits, shared)
     np.testing.assert_array_equal(rewards, direct.visit(later, ["", "", ""]))
     assert shared.state_dict()["counts"][0].tolist() == direct.state_dict()["counts"][0].tolist()
+
+
+def test_the_faiss_search_pays_what_a_plain_scan_pays_on_many_near_threshold_states():
+    """The store finds each state's match with the faiss index it shares with the tip memory; a plain numpy scan
+    (cosine of every stored state, the first best one counts if it reaches the threshold) pays the same rewards."""
+    rng = np.random.default_rng(1)
+    centres = rng.normal(size=(40, 64)).astype(np.float32)
+    points = centres[rng.integers(0, 40, size=600)] + rng.normal(scale=0.3, size=(600, 64)).astype(np.float32)
+    store = NoveltyStore(dim=64, similarity_threshold=0.95)
+    paid = np.concatenate([store.visit(points[i : i + 8]) for i in range(0, 600, 8)])
+
+    states, counts, plain = [], [], []
+    for point in points / np.linalg.norm(points, axis=1, keepdims=True):
+        similarities = np.array([state @ point for state in states])
+        best = int(np.argmax(similarities)) if states else -1
+        if best >= 0 and similarities[best] >= np.float32(0.95):
+            counts[best] += 1
+        else:
+            states.append(point)
+            counts.append(1)
+            best = len(counts) - 1
+        plain.append(1.0 / counts[best])
+    assert 40 < len(store) < 600  # both new states and repeat visits happened
+    np.testing.assert_array_equal(paid, np.array(plain, dtype=np.float32))

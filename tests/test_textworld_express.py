@@ -13,6 +13,7 @@ from empo2.analysis import experiments, lessons
 from empo2.config import EMPO2Config
 from empo2.envs import make_env
 from empo2.envs import GameError
+from tests.notebook_code import defined_in
 from empo2.envs.jvm import running_jvm_pids
 from empo2.envs.textworld_express import (ACTION_TEMPLATES, DEFAULT_PARAMS, GAME_NAMES, GAME_PARAMETERS, GAMES_PER_FOLD,
                                           TextWorldExpressEnv, TextWorldExpressGame)
@@ -226,7 +227,7 @@ def test_ci_training_on_the_real_game(tmp_path, capsys):
     retest = experiments.retest(more, show_progress=False)
     assert {p: p.read_bytes() for p in cfg.run_dir.iterdir() if p.is_file()} == records
     assert experiments.saved_retest(more) == retest and experiments.saved_retest(cfg) is None
-    assert lessons.replayed_episodes(cfg.run_dir, retest) == (2, 2)
+    assert defined_in("11_empo2_on_a_laptop")["replayed_episodes"](cfg.run_dir, retest) == (2, 2)
     assert len(lessons.last_evaluation(retest)) == 4 and set(running_jvm_pids()) == before
     capsys.readouterr()
     assert experiments.retest(more, show_progress=False) == retest and "reusing" in capsys.readouterr().out

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from empo2.config import EMPO2Config
+from empo2.llm.logprobs import episode_logprobs
 from empo2.method.memory import TipMemory
 from empo2.method.trainer import Trainer
 
@@ -131,22 +132,36 @@ def test_full_finetuning_keeps_float32_master_weights(tmp_path):
         assert math.isfinite(metrics["update/loss"])
 
 
-def test_old_logprobs_taken_from_the_first_gradient_pass_train_like_a_separate_pass(tmp_path):
-    """Before the first optimiser step θ_old = θ, so the no-grad pass is skipped: same update, half the tokens read."""
-    runs = {}
-    for reuse in (True, False):
-        cfg = _cfg(tmp_path, run_name=f"reuse-{reuse}", iterations=1, eval_every=100, p=0.0, intrinsic_coef=1.0,
-                   minibatch_episodes=0)
-        with Trainer(cfg, show_progress=False) as trainer:
-            trainer.update.reuse_old_logprobs = reuse
-            metrics = trainer.train_iteration()
-            weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-        runs[reuse] = metrics, weights
-    (reused, reused_weights), (separate, separate_weights) = runs[True], runs[False]
-    assert "update/skipped" not in reused  # the intrinsic reward separates the returns
-    assert reused["update/tokens_read_per_trajectory_token"] == 1.0
-    assert separate["update/tokens_read_per_trajectory_token"] == 2.0
-    assert reused["update/ratio_mean"] == 1.0 and reused["update/clip_frac"] == 0.0
-    assert reused["update/loss"] == pytest.approx(separate["update/loss"], rel=1e-2)
-    for name, value in reused_weights.items():
-        torch.testing.assert_close(value, separate_weights[name], atol=1e-4, rtol=0)
+def test_old_logprobs_taken_from_the_first_gradient_pass_equal_a_separate_pass(tmp_path):
+    """Before the first optimiser step θ_old = θ, so θ_old's log-probs are taken from each episode's first gradient
+    pass: the update reads no pass without gradient, and what the second epoch's loss reads as θ_old equals a
+    separate no-grad pass over the episodes made before the update."""
+    cfg = _cfg(tmp_path, iterations=1, eval_every=100, p=0.0, intrinsic_coef=1.0, minibatch_episodes=0, ppo_epochs=2)
+    separate = {}  # id(episode) -> (T,) θ_old log-probs of a pass of their own
+    old_read = []  # (id(episode), the θ_old log-probs its loss read; None: this pass's own), pass after pass
+    with Trainer(cfg, show_progress=False) as trainer:
+        update = trainer.update
+        token_batches, backward = update.token_batches, update.backward
+
+        def scored_apart_first(episodes, *args):
+            with torch.no_grad(), update.precision():
+                for e in episodes:
+                    separate[id(e)] = episode_logprobs(trainer.model, e, with_tips=e.sampled_with_tips,
+                                                       packed=cfg.packed_logprobs, temperature=cfg.temperature)
+            return token_batches(episodes, *args)
+
+        def recorded(episode, batch, normalizer):
+            old_read.append((id(episode), None if batch.old_logprobs is None else batch.old_logprobs.clone()))
+            return backward(episode, batch, normalizer)
+
+        update.token_batches, update.backward = scored_apart_first, recorded
+        metrics = trainer.train_iteration()
+    assert "update/skipped" not in metrics  # the intrinsic reward separates the returns
+    assert metrics["update/tokens_read_without_gradient"] == 0.0
+    assert metrics["update/tokens_read_per_trajectory_token"] == 2.0  # the two epochs' gradient passes alone
+    half = len(old_read) // 2
+    first, second = old_read[:half], old_read[half:]
+    assert first and all(old is None for _, old in first)
+    assert sorted(episode for episode, _ in first) == sorted(episode for episode, _ in second)
+    for episode, old in second:
+        torch.testing.assert_close(old, separate[episode].float(), atol=1e-4, rtol=0)

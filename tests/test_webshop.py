@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from empo2.envs import make_env
-from empo2.envs.webshop import DATA_DIR, WebShopEnv, load_products
+from empo2.envs.webshop import WebShopEnv
+from empo2.envs.webshop_data import DATA_DIR, load_products
 from empo2.envs.webshop_reward import normalize_color, title_words, token_set_ratio, webshop_reward
 
 FIXTURES = Path(__file__).parent / "data"
@@ -429,7 +430,7 @@ def test_config_fields_point_the_trainer_at_official_files():
 
 
 def test_scripted_reference_buys_the_goal_product_on_the_mini_catalogue(mini):
-    from empo2.envs.webshop import scripted_reference
+    from empo2.envs.webshop_shopper import scripted_reference
 
     rows = scripted_reference(mini, range(len(mini.goals)))
     assert len(rows) == len(mini.goals)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from empo2.config import EMPO2Config
-from empo2.envs.webshop import WebShopEnv, instruction_words
+from empo2.envs.webshop import WebShopEnv
+from empo2.envs.webshop_data import instruction_words
 from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN
 from empo2.llm.constrained import ActionEncoder, action_text
 from empo2.llm.logprobs import episode_logprobs

@@ -23,10 +23,6 @@ from empo2.config import EMPO2Config
 from empo2.episode import MODE_NAMES, PLAIN, failed, succeeded
 from empo2.runs import RunFolder, config_differences, read_rows
 
-try:
-    import fcntl
-except ImportError:  # Windows: runs are not locked
-    fcntl = None
 
 
 def holds(folder: Path, cfg: EMPO2Config) -> bool:
@@ -105,28 +101,24 @@ def retest(cfg: EMPO2Config, *, force: bool = False, show_progress: bool | None 
 
 @contextlib.contextmanager
 def run_lock(folder: Path):
-    """Hold `folder`'s run for this process (a lock file beside it, released when the process ends)."""
+    """Hold `folder`'s run for this process: a lock file beside it (`filelock`, on every platform) and, while held,
+    a note of the holder that a waiting process prints. Released with the block or the process."""
+    from filelock import FileLock, Timeout
+
     folder.parent.mkdir(parents=True, exist_ok=True)
-    if fcntl is None:
+    lock, holder = FileLock(folder.parent / f".{folder.name}.lock"), folder.parent / f".{folder.name}.holder"
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        held_by = holder.read_text().strip() if holder.exists() else ""
+        print(f"{folder} is being trained by {held_by or 'another process'}; waiting for it ...", flush=True)
+        lock.acquire()
+    try:
+        holder.write_text(f"process {os.getpid()} on {platform.node()}")
         yield
-        return
-    with open(folder.parent / f".{folder.name}.lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            print(f"{folder} is being trained by {handle.read().strip() or 'another process'}; waiting for it ...",
-                  flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"process {os.getpid()} on {platform.node()}")
-        handle.flush()
-        try:
-            yield
-        finally:
-            handle.truncate(0)
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    finally:
+        holder.unlink(missing_ok=True)
+        lock.release()
 
 
 @contextlib.contextmanager
@@ -134,20 +126,19 @@ def lane_claim(folder: Path):
     """Claim `folder`'s run for one of several processes (lanes) working through the same list of runs: yields True
     while this process holds the claim, or False at once when another lane does, so that this one moves on to the
     next run instead of waiting (`run_lock` waits). The claim ends with the block or the process."""
+    from filelock import FileLock, Timeout
+
     folder.parent.mkdir(parents=True, exist_ok=True)
-    if fcntl is None:
-        yield True
+    lock = FileLock(folder.parent / f".{folder.name}.lane.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        yield False
         return
-    with open(folder.parent / f".{folder.name}.lane.lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        yield True
+    finally:
+        lock.release()
 
 
 def read_jsonl(path: Path) -> pd.DataFrame:

@@ -1,19 +1,16 @@
-"""What the lesson notebooks (00-04) compute, so that each notebook is a few calls and plots.
+"""What two or more lesson notebooks, or a notebook and its takeaways (the report), share.
 
-Notebooks 00-03 play a few episodes with the *untrained* policy of a profile and
-look at them: one episode step by step (00), the same policy plain and with a
-memory of its own tips (01), the memory it builds and what a query retrieves
-(02), and the importance ratios of the three update modes on a real batch (03).
-Their results are saved next to the config that produced them (`cached`), so a
-notebook replays the saved result when its settings are unchanged and plays
-again when they changed or with `force=True`.
+The lesson notebooks (00-03) play a few episodes with the *untrained* policy of a profile through the roller
+(`untrained_roller` gives the policy, the environments, an embedder and an empty memory; `Lesson.play` is
+`Roller.run` with a progress bar); each notebook's own playing and tables are written in it. Their results are
+saved next to the config that produced them (`cached`), so a notebook replays the saved result when its settings
+are unchanged and plays again when they changed or with `force=True`:
 
     cfg = EMPO2Config.from_profile("ci", task="power-component")
     trajectories = cached("results/ci/exploration/power-component-seed0.json", cfg,
                           lambda: plain_then_with_memory(cfg, episodes=2), settings={"episodes": 2})
-    side_by_side(trajectories)
 
-The remaining functions turn saved runs into the tables the notebooks show.
+The remaining functions turn saved runs into tables that a notebook and its takeaways both read.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ import pandas as pd
 from empo2.analysis.experiments import episodes as read_episodes
 from empo2.analysis.experiments import progress_enabled, tip_free_rows, training_episodes
 from empo2.config import EMPO2Config
-from empo2.episode import MEMORY_ON_POLICY, OFF_POLICY, PLAIN, failed, succeeded
+from empo2.episode import OFF_POLICY, PLAIN, failed, succeeded
 
 
 # ----------------------------------------------------------------------------- saved results
@@ -116,12 +113,12 @@ class Lesson:
     memory: object | None
 
     def play(self, variations: list[int], modes: list[int], *, temperature: float, write_tips: bool = False,
-             desc: str = "playing") -> list:
-        """One episode per variation, in lock-step, with a per-step progress bar."""
+             use_novelty: bool = False, desc: str = "playing") -> list:
+        """`Roller.run`: one episode per variation, in lock-step, with a per-step progress bar."""
         progress = StepProgress(self.envs[0].max_steps, len(variations), desc)
         try:
             return self.roller.run(self.envs[: len(variations)], variations, modes, temperature=temperature,
-                                   write_tips=write_tips, progress=progress)
+                                   write_tips=write_tips, use_novelty=use_novelty, progress=progress)
         finally:
             progress.close()
 
@@ -153,144 +150,7 @@ def untrained_roller(cfg: EMPO2Config, episodes: int, *, memory: bool = True, me
             env.close()
 
 
-def quickstart_episode(cfg: EMPO2Config) -> dict:
-    """Notebook 00: one plain episode of the untrained policy on the first training variation, and its tip."""
-    with untrained_roller(cfg, 1, memory=False) as lesson:
-        [episode] = lesson.play([lesson.envs[0].train_variations[0]], [PLAIN], temperature=cfg.temperature,
-                                write_tips=True, desc="one episode")
-        first_prompt = lesson.tokenizer.decode(episode.turns[0].prompt_ids)
-    return {"task": episode.task, "variation": episode.variation, "score": episode.score, "tip": episode.tip,
-            "first_prompt": first_prompt,
-            "steps": [{"step": i + 1, "model wrote": t.raw_action.strip(), "executed": t.executed_action,
-                       "observation": t.observation.strip()[:150], "reward": t.reward, "score": t.score}
-                      for i, t in enumerate(episode.turns)]}
-
-
-def plain_then_with_memory(cfg: EMPO2Config, episodes: int) -> list[dict]:
-    """Notebook 01: `episodes` plain episodes of the untrained policy on one training variation (tips
-    written and stored), then `episodes` memory-augmented ones on the same variation, at the
-    evaluation temperature. One dict per episode: condition, score, tip, and per turn the executed
-    action, the score so far, how many tips were shown and the first of them."""
-    with untrained_roller(cfg, episodes) as lesson:
-        variation = lesson.envs[0].train_variations[0]
-        plain = lesson.play([variation] * episodes, [PLAIN] * episodes, temperature=cfg.eval_temperature,
-                            write_tips=True, desc="plain episodes")
-        lesson.roller.store_tips(plain)
-        guided = lesson.play([variation] * episodes, [MEMORY_ON_POLICY] * episodes,
-                             temperature=cfg.eval_temperature, desc="episodes with memory")
-
-    def record(episode, condition):
-        return {"condition": condition, "score": episode.score, "tip": episode.tip, "turns": [
-            {"action": t.executed_action, "score": t.score, "tips_shown": len(t.tips_shown),
-             "first_tip": t.tips_shown[0] if t.tips_shown else ""} for t in episode.turns]}
-
-    return [record(e, "plain") for e in plain] + [record(e, "with memory") for e in guided]
-
-
-def memory_snapshot(cfg: EMPO2Config, episodes: int) -> dict:
-    """Notebook 02: play `episodes` plain episodes (one per training variation), store their tips in one
-    task-wide memory, and query it with the first state of the first episode. Returns the query
-    state and every entry with its cosine similarity to the query and whether it was retrieved."""
-    with untrained_roller(cfg, episodes, memory_scope="task") as lesson:
-        train = list(lesson.envs[0].train_variations)
-        variations = [train[i % len(train)] for i in range(episodes)]
-        played = lesson.play(variations, [PLAIN] * episodes, temperature=cfg.temperature, write_tips=True,
-                             desc="episodes that write tips")
-        lesson.roller.store_tips(played)
-        query_state = played[0].turns[0].state_text
-        query = lesson.embedder.encode([query_state])[0]
-        scope = lesson.roller.scope(played[0].task, played[0].variation)
-        entries = lesson.memory.entries(scope)
-        retrieved = {e.counter for e in lesson.memory.retrieve(query, scope)}
-    similarity = np.stack([e.key for e in entries]) @ query / np.linalg.norm(query)
-    return {"query_state": query_state, "entries": [
-        {"counter": e.counter, "similarity": float(s), "score": e.score, "content": e.content,
-         "retrieved": e.counter in retrieved} for e, s in zip(entries, similarity)]}
-
-
-def importance_ratios(cfg: EMPO2Config) -> list[dict]:
-    """Notebook 03: importance ratios of the three update modes on one real batch, before and after
-    one update step.
-
-    A first group of plain episodes writes tips into the memory; a second group plays
-    `cfg.group_size` episodes on the same variation, cycling plain / memory on-policy / off-policy.
-    Each episode's advantage is what training uses: GRPO on score + intrinsic return. Returns one
-    row per action token: episode, turn, mode, advantage, whether constrained decoding forced it
-    (the only allowed continuation), log π_θold (behaviour context), and log π_θ (trained context)
-    before and after one update.
-    """
-    import torch
-
-    from empo2.method.advantages import grpo_advantages
-    from empo2.llm.logprobs import episode_logprobs
-    from empo2.method.trainer import Trainer
-
-    n = cfg.group_size
-    with Trainer(cfg, overwrite=True, show_progress=False) as trainer:  # a scratch run, played again on recompute
-        lesson = Lesson(cfg, trainer.roller, trainer.envs, trainer.tokenizer, trainer.embedder, trainer.memory)
-        variation = trainer.train_variations[0]
-        warmup = lesson.play([variation] * n, [PLAIN] * n, temperature=cfg.temperature, write_tips=True,
-                             desc="first group (writes tips)")
-        trainer.roller.store_tips(warmup)
-        modes = [(PLAIN, MEMORY_ON_POLICY, OFF_POLICY)[i % 3] for i in range(n)]
-        progress = StepProgress(trainer.envs[0].max_steps, n, "the batch")
-        try:
-            batch = trainer.roller.run(trainer.envs, [variation] * n, modes, temperature=cfg.temperature,
-                                       use_novelty=cfg.uses_novelty, progress=progress)
-        finally:
-            progress.close()
-        score = lambda e, with_tips: episode_logprobs(trainer.model, e, with_tips=with_tips,  # noqa: E731
-                                                      temperature=cfg.temperature)
-        with torch.no_grad():
-            before = [(score(e, e.sampled_with_tips), score(e, e.trained_with_tips)) for e in batch]
-        returns = torch.tensor([e.total_return for e in batch])
-        advantages = grpo_advantages(returns)
-        trainer.update(batch, advantages)
-        with torch.no_grad():
-            after = [score(e, e.trained_with_tips) for e in batch]
-    rows = []
-    for i, (e, (old, new_before), new_after) in enumerate(zip(batch, before, after)):
-        turn_of_token = [t for t, turn in enumerate(e.turns) for _ in turn.response_ids]
-        forced = [not decision for decision in e.decision_mask()]  # the only allowed continuation: no decision
-        for o, nb, na, turn, f in zip(old.tolist(), new_before.tolist(), new_after.tolist(), turn_of_token, forced):
-            rows.append({"episode": i, "turn": turn, "mode": e.mode_name, "score": e.score,
-                         "intrinsic": e.intrinsic_return, "advantage": float(advantages[i]), "forced": f,
-                         "old": o, "new_before_update": nb, "new_after_update": na,
-                         "tips_shown": sum(len(t.tips_shown) for t in e.turns)})
-    return rows
-
-
 # ----------------------------------------------------------------------------- tables
-def episode_steps(episode: dict) -> pd.DataFrame:
-    """Notebook 00: one row per step of a `quickstart_episode`, indexed by the (integer) step."""
-    return pd.DataFrame(episode["steps"]).set_index("step")
-
-
-def side_by_side(trajectories: list[dict]) -> pd.DataFrame:
-    """Notebook 01: the i-th plain episode beside the i-th memory-augmented one, step by step.
-
-    Index (episode, step), both integers. Once an episode is over its action reads
-    "(over)", its score stays at the final score and it is shown no tips, so no cell is empty.
-    """
-    plain = [t for t in trajectories if t["condition"] == "plain"]
-    guided = [t for t in trajectories if t["condition"] == "with memory"]
-    rows = []
-    for number, (a, b) in enumerate(zip(plain, guided), start=1):
-        for step in range(max(len(a["turns"]), len(b["turns"]))):
-            row = {"episode": number, "step": step + 1}
-            for name, episode in (("plain", a), ("memory", b)):
-                turns = episode["turns"]
-                turn = turns[step] if step < len(turns) else None
-                row[f"{name} action"] = turn["action"] if turn else "(over)"
-                row[f"{name} score"] = int(round(turn["score"] if turn else episode["score"]))
-            row["tips shown"] = b["turns"][step]["tips_shown"] if step < len(b["turns"]) else 0
-            rows.append(row)
-    columns = ["plain action", "plain score", "memory action", "memory score", "tips shown"]
-    if not rows:
-        return pd.DataFrame(columns=["episode", "step", *columns]).set_index(["episode", "step"])
-    return pd.DataFrame(rows).astype({"episode": int, "step": int}).set_index(["episode", "step"])[columns]
-
-
 def trajectory_summary(trajectories: list[dict]) -> pd.DataFrame:
     """Notebook 01: per condition, the mean final score, episode length, share of distinct actions and
     share of episodes that left the first room (a score of 7 or more at some step)."""
@@ -308,17 +168,6 @@ def last_evaluation(folder: Path) -> pd.DataFrame:
     frame = read_episodes(folder)
     tested = frame[frame["phase"] == "eval"]
     return tested[tested["iteration"] == tested["iteration"].max()]
-
-
-def replayed_episodes(run: Path, retest: Path) -> tuple[int, int]:
-    """Of a run's last-evaluation episodes, how many a later evaluation of the same policy (`experiments.retest`,
-    whose first test games and sampling seeds are the run's own) played again step for step: same game, same
-    actions. Returns (replayed, episodes)."""
-    own = last_evaluation(run)
-    again = last_evaluation(retest).iloc[: len(own)]
-    same = [a == b and list(x) == list(y) for a, b, x, y in
-            zip(own["variation"], again["variation"], own["actions"], again["actions"])]
-    return sum(same), len(own)
 
 
 def webshop_behaviour(folders: list[Path]) -> pd.DataFrame:
@@ -464,23 +313,6 @@ def with_ratios(tokens: pd.DataFrame, delta: float) -> pd.DataFrame:
     tokens["dropped_by_delta"] = ((tokens["mode"] == OFF_POLICY.label) & ~tokens["forced"]
                                   & (np.exp(tokens["new_before_update"]) < delta))
     return tokens
-
-
-def test_scores_by_variation(folders_by_label: dict[str, list[Path]]) -> pd.DataFrame:
-    """Notebook 04: mean score of the last evaluation's test episodes per test variation (columns), one
-    row per label, with the number of test episodes and the overall mean, and the decoding and step
-    limit the runs used. Shows why two evaluations of the same model can disagree."""
-    rows = []
-    for label, folders in folders_by_label.items():
-        tested = pd.concat([last_evaluation(f) for f in folders])
-        config = json.loads((Path(folders[0]) / "config.json").read_text())["config"]
-        row = {"runs": label, "decoding": config.get("action_decoding", "free"), "steps": config["max_steps"],
-               "test episodes": len(tested), "mean": float(tested["score"].mean())}
-        row.update({f"variation {int(v)}": float(s) for v, s in tested.groupby("variation")["score"].mean().items()})
-        rows.append(row)
-    table = pd.DataFrame(rows).set_index("runs")
-    variations = sorted([c for c in table if c.startswith("variation ")], key=lambda c: int(c.split()[1]))
-    return table[["decoding", "steps", "test episodes", "mean", *variations]]
 
 
 # ----------------------------------------------------------------------------- what tips carry

@@ -509,8 +509,7 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
     """Notebook 11: CoinCollector's final scores and differences, the learning curves' landmarks (training blocks
     of `window` iterations), where the coin was found, and how EMPO²'s modes fared."""
     from empo2.episode import succeeded
-    from empo2.analysis.lessons import (coin_in_first_room, last_evaluation, scores_by_coin_room,
-                               searching_on_seen_and_unseen_games, test_scores_on)
+    from empo2.analysis.lessons import last_evaluation
 
     configs = suite.coin_runs(profile, results_dir)
     folders = _finished(configs)
@@ -556,6 +555,21 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
         by_mode = late.groupby("mode")["success"].agg(["size", "mean"])
         lines.append(f"- In {METHODS['empo2']}'s second half (first run), training episodes took the coin in " + ", ".join(
             f"{100 * r['mean']:.1f} % of {int(r['size'])} {mode}" for mode, r in by_mode.iterrows()) + " episodes.")
+    lines += _coin_follow_ups(profile, results_dir, configs, folders, runs)
+    single = [METHODS[m] for m in order if table.loc[m, "seeds"] == 1]
+    if single:
+        lines.append(f"- One seed so far for {', '.join(single)}: those intervals are over test games only, not runs.")
+    return "\n".join(lines)
+
+
+def _coin_follow_ups(profile: str, results_dir: str, configs: list, folders: list, runs: dict) -> list[str]:
+    """Notebook 11's looks chosen after reading the runs, for EMPO² and GRPO: where the coin lies, the 200-game
+    retest and training on few games (each labelled as such)."""
+    from empo2.analysis.lessons import (coin_in_first_room, scores_by_coin_room, searching_on_seen_and_unseen_games,
+                                        test_scores_on)
+
+    order = [m for m in METHODS if runs[m]]
+    lines = []
     if runs["empo2"] and runs["grpo"]:
         in_first_room = coin_in_first_room(configs[0])
         if (~in_first_room).any():
@@ -590,10 +604,7 @@ def coin(profile: str, results_dir: str = "results", window: int = 10) -> str:
                          for (m, n), r in seen.iterrows()) + ". On "
                      f"{_n(few_configs[0].n_train_variations, 'training game')}, final test "
                      + difference(few_runs["empo2"], few_runs["grpo"], "EMPO² − GRPO") + ".")
-    single = [METHODS[m] for m in order if table.loc[m, "seeds"] == 1]
-    if single:
-        lines.append(f"- One seed so far for {', '.join(single)}: those intervals are over test games only, not runs.")
-    return "\n".join(lines)
+    return lines
 
 
 # ------------------------------------------------------------------------------------------ the CoinCollector study

@@ -79,42 +79,46 @@ rankings differ somewhat; ``search[...]`` is admissible on the search page only;
 prices of products with a price range are drawn with ``seed`` (WebShop draws them
 unseeded); the reward's title score uses content words instead of spaCy nouns
 (see `empo2.envs.webshop_reward`); reviews are empty in the shipped data.
+
+The environment is here; its parts live beside it: `empo2.envs.webshop_data` (the
+catalogue, prices and goals), `empo2.envs.webshop_search` (the BM25 search),
+`empo2.envs.webshop_reward` (the reward) and `empo2.envs.webshop_shopper` (a scripted
+shopper, for scale).
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
-import json
 import os
 import random
 import re
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-import bm25s
 import numpy as np
-from bm25s.stopwords import STOPWORDS_EN
 
 from empo2.envs.base import StepResult, snap_action
+from empo2.envs.webshop_data import (
+    DATA_DIR,
+    DEFAULT_HUMAN_GOALS,
+    DEFAULT_INSTRUCTIONS,
+    DEFAULT_PRODUCTS,
+    data_path,
+    human_goals,
+    instruction_words,
+    load_products,
+    product_prices,
+    read_json_or_jsonl,
+    split_variations,
+    synthetic_goals,
+)
 from empo2.envs.webshop_reward import webshop_reward
+from empo2.envs.webshop_search import ProductSearch
 from empo2.prompts import next_turn
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "webshop"
-"""Where the shipped WebShop data lives (the repository's ``data/webshop``)."""
-DEFAULT_PRODUCTS = "products_100.jsonl"
-DEFAULT_INSTRUCTIONS = "items_ins_v2_1000.json"
-DEFAULT_HUMAN_GOALS = "items_human_ins.json"
-
-SEARCH_RETURN_N = 50
-"""Products a search returns (WebShop's SEARCH_RETURN_N)."""
 PRODUCT_WINDOW = 10
 """Products a results page shows."""
-PRICE_RANGE = [10.0 * i for i in range(1, 100)]
-"""Candidate price bounds of a goal: $10 .. $990."""
 SUB_PAGES = ("description", "features", "reviews", "attributes")
-NO_PRICE_BOUND = 1_000_000.0
 
 BACK_TO_SEARCH = "back to search"
 NEXT_PAGE = "next >"
@@ -125,318 +129,6 @@ SEARCH_ACTION = "search[...]"
 _EXACT_ACTION = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
 _ANY_ACTION = re.compile(r"(search|click)\s*\[(.*?)\]", re.IGNORECASE | re.DOTALL)
 _SPACES = re.compile(r"\s+")
-
-
-# --------------------------------------------------------------------------- data
-
-
-def instruction_words(text: str) -> list[str]:
-    """The distinct words of a goal instruction, lower-case, without the punctuation around them."""
-    words = (w.strip(".,;:!?()[]\"'") for w in text.lower().split())
-    return list(dict.fromkeys(w for w in words if w))
-
-
-def _read_json_or_jsonl(path: Path) -> Any:
-    if not path.exists():
-        raise FileNotFoundError(f"webshop: data file {path} does not exist")
-    with path.open(encoding="utf-8") as handle:
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in handle if line.strip()]
-        return json.load(handle)
-
-
-def _parse_pricing(raw: Any) -> list[float]:
-    """WebShop's ``pricing``: a list of 1-2 floats from a list or a '$12.99 - $15.99' string."""
-    if isinstance(raw, (int, float)):
-        return [float(raw)]
-    if isinstance(raw, (list, tuple)):
-        values = []
-        for item in raw:
-            values += _parse_pricing(item)
-        return values[:2]
-    if isinstance(raw, str) and raw.strip():
-        parts = raw.split("$")[1:] if "$" in raw else [raw]
-        values = []
-        for part in parts:
-            digits = re.sub(r"[^\d.]", "", part)
-            try:
-                values.append(float(Decimal(digits)))
-            except InvalidOperation:
-                continue
-        return values[:2]
-    return []
-
-
-def _price_tag(pricing: list[float]) -> str:
-    return f"${pricing[0]}" if len(pricing) == 1 else f"${pricing[0]} to ${pricing[1]}"
-
-
-def _parse_options(product: dict) -> dict[str, list[str]]:
-    """Option name -> values: the loaded ``options``, else the raw ``customization_options``."""
-    options = product.get("options")
-    if isinstance(options, dict) and options:
-        return {str(k).lower(): [str(v) for v in values] for k, values in options.items() if values}
-    raw = product.get("customization_options")
-    if not isinstance(raw, dict):
-        return {}
-    parsed = {}
-    for name, contents in raw.items():
-        if not contents:
-            continue
-        values = []
-        for content in contents:
-            value = content.get("value") if isinstance(content, dict) else content
-            if value is None:
-                continue
-            values.append(str(value).strip().replace("/", " | ").lower())
-        if values:
-            parsed[str(name).lower()] = values
-    return parsed
-
-
-def _normalise_reviews(reviews: Any) -> list[dict]:
-    result = []
-    for review in reviews or []:
-        if not isinstance(review, dict):
-            continue
-        result.append(
-            {
-                "title": str(review.get("title", "")),
-                "score": review.get("score", review.get("stars", "")),
-                "body": str(review.get("body", review.get("review", ""))),
-            }
-        )
-    return result
-
-
-def _contents(product: dict) -> str:
-    """The text WebShop's search engine indexes: title, description, first bullet, options."""
-    option_text = ", and ".join(f"{name}: {', '.join(values)}" for name, values in product["options"].items())
-    first_bullet = product["BulletPoints"][0] if product["BulletPoints"] else ""
-    return " ".join([product["Title"], product["Description"], first_bullet, option_text]).lower()
-
-
-def load_products(
-    products_path: str | Path,
-    instructions: dict | None = None,
-    num_products: int | None = None,
-) -> list[dict]:
-    """Read a WebShop product file and return the products as WebShop's engine holds them.
-
-    `products_path`: ``items_shuffle*.json`` (raw or loaded product dicts, a JSON
-    list) or the search engine's ``documents.jsonl`` (``id``, ``contents``,
-    ``product``). Each returned dict has ``asin``, ``name``, ``Title``,
-    ``Description``, ``BulletPoints``, ``pricing`` (1-2 floats), ``Price`` (text),
-    ``options`` ({name: [values]}), ``Attributes``, ``Reviews``, ``Rating``,
-    ``category``, ``query`` (lower-cased), ``product_category``, ``contents`` (the
-    indexed text) and any other field of the file. `instructions` (the contents of
-    ``items_ins_v2*.json``) supplies ``Attributes`` for the products it lists.
-    Products with a bad or repeated ASIN are skipped, as in WebShop.
-    """
-    raw = _read_json_or_jsonl(Path(products_path))
-    if isinstance(raw, dict):
-        raw = list(raw.values())
-    if not isinstance(raw, list):
-        raise ValueError(f"webshop: {products_path} holds no list of products")
-    if num_products is not None:
-        raw = raw[:num_products]
-    products, seen = [], set()
-    for entry in raw:
-        contents = None
-        if isinstance(entry, dict) and "product" in entry and isinstance(entry["product"], dict):
-            contents = entry.get("contents")
-            product = dict(entry["product"])
-            product.setdefault("asin", entry.get("id"))
-        else:
-            product = dict(entry)
-        asin = str(product.get("asin") or "")
-        if not asin or asin == "nan" or len(asin) > 10 or asin in seen:
-            continue
-        seen.add(asin)
-        title = product.get("Title") or product.get("name") or ""
-        product["asin"] = asin
-        product["Title"] = str(title)
-        product["name"] = str(product.get("name") or title)
-        description = product.get("Description")
-        if description is None:
-            description = product.get("full_description") or ""
-        product["Description"] = str(description)
-        bullets = product.get("BulletPoints")
-        if bullets is None:
-            bullets = product.get("small_description") or []
-        product["BulletPoints"] = [str(b) for b in (bullets if isinstance(bullets, list) else [bullets])]
-        pricing = _parse_pricing(product.get("pricing"))
-        if not pricing:
-            pricing = _parse_pricing(product.get("Price")) or [100.0]
-        product["pricing"] = pricing
-        product["Price"] = _price_tag(pricing)
-        product["options"] = _parse_options(product)
-        if instructions and asin in instructions and "attributes" in instructions[asin]:
-            product["Attributes"] = list(instructions[asin]["attributes"])
-        elif not product.get("Attributes"):
-            product["Attributes"] = ["DUMMY_ATTR"]
-        product["Reviews"] = _normalise_reviews(product.get("Reviews"))
-        product["Rating"] = product.get("Rating", "N.A.")
-        product["category"] = str(product.get("category", ""))
-        product["query"] = str(product.get("query", "")).lower().strip()
-        product["product_category"] = str(product.get("product_category", ""))
-        product["contents"] = contents if isinstance(contents, str) else _contents(product)
-        products.append(product)
-    if not products:
-        raise ValueError(f"webshop: no products in {products_path}")
-    return products
-
-
-def product_prices(products: Iterable[dict], rng: random.Random) -> dict[str, float]:
-    """The price each product sells at: its price, or a uniform draw in its price range."""
-    prices = {}
-    for product in products:
-        pricing = product["pricing"]
-        prices[product["asin"]] = pricing[0] if len(pricing) == 1 else rng.uniform(*pricing[:2])
-    return prices
-
-
-def _price_bound(price: float, rng: random.Random) -> tuple[float, str]:
-    """WebShop's goal price bound: the larger of two of the 4 round prices above `price`."""
-    candidates = [p for p in PRICE_RANGE if p > price][:4]
-    if len(candidates) < 2:
-        return NO_PRICE_BOUND, ""
-    upper = max(rng.sample(candidates, 2))
-    return upper, f", and price lower than {upper:.2f} dollars"
-
-
-def _goal_base(product: dict) -> dict:
-    return {
-        "asin": product["asin"],
-        "category": product["category"],
-        "query": product["query"],
-        "product_category": product["product_category"],
-        "name": product["Title"],
-    }
-
-
-def synthetic_goals(
-    products: list[dict], instructions: dict, prices: dict[str, float], rng: random.Random
-) -> list[dict]:
-    """WebShop's synthetic goals: per product with an instruction, one goal per option combination.
-
-    The goal text is ``<instruction> with <name>: <value>, and ... , and price lower
-    than <bound> dollars``; ``attributes`` are the instruction's attributes,
-    ``goal_options`` the combination ({name: value}), ``price_upper`` the bound.
-    """
-    goals = []
-    for product in products:
-        entry = instructions.get(product["asin"], {})
-        text = entry.get("instruction") or product.get("instruction_text")
-        attributes = entry.get("instruction_attributes") or product.get("instruction_attributes")
-        if not text or not attributes:
-            continue
-        price_upper, price_text = _price_bound(prices[product["asin"]], rng)
-        names = sorted(product["options"])
-        for combination in itertools.product(*(product["options"][name] for name in names)):
-            goal_options = dict(zip(names, combination))
-            option_text = ", and ".join(f"{k}: {v}" for k, v in goal_options.items())
-            option_text = f" with {option_text}" if option_text else ""
-            goals.append(
-                {
-                    **_goal_base(product),
-                    "instruction_text": f"{text}{option_text}{price_text}",
-                    "attributes": list(attributes),
-                    "goal_options": goal_options,
-                    "price_upper": price_upper,
-                    "source": "synthetic",
-                }
-            )
-    return goals
-
-
-def human_goals(
-    products: list[dict], human_instructions: dict, prices: dict[str, float], rng: random.Random
-) -> list[dict]:
-    """WebShop's human goals: every crowd-written instruction (with attributes) of a catalogue product.
-
-    ``goal_options`` is the instruction's list of option values. Instructions
-    without attributes are skipped, as in WebShop.
-    """
-    goals = []
-    for product in products:
-        entries = human_instructions.get(product["asin"])
-        if entries is None:
-            entries = product.get("instructions") or []
-        for entry in entries:
-            attributes = entry.get("instruction_attributes") or []
-            if not attributes:
-                continue
-            price_upper, price_text = _price_bound(prices[product["asin"]], rng)
-            goals.append(
-                {
-                    **_goal_base(product),
-                    "instruction_text": str(entry["instruction"]).strip(".") + price_text,
-                    "attributes": list(attributes),
-                    "goal_options": [str(o) for o in entry.get("instruction_options") or []],
-                    "price_upper": price_upper,
-                    "source": "human",
-                }
-            )
-    return goals
-
-
-def _plural_stem(tokens: list[str]) -> list[str]:
-    """Plural-only stemmer: Harman's S-stemmer ('ies' -> 'y', 'es' -> 'e', 's' -> '', not
-    after 'ss', 'us', 'is'), with '-es' dropped after a sibilant ('dresses' -> 'dress')."""
-    stems = []
-    for token in tokens:
-        if len(token) > 4 and token.endswith(("sses", "xes", "zes", "ches", "shes")):
-            token = token[:-2]
-        elif len(token) > 3 and token.endswith("ies") and not token.endswith(("eies", "aies")):
-            token = token[:-3] + "y"
-        elif len(token) > 3 and token.endswith("es") and not token.endswith(("aes", "ees", "oes")):
-            token = token[:-1]
-        elif len(token) > 3 and token.endswith("s") and not token.endswith(("us", "ss", "is")):
-            token = token[:-1]
-        stems.append(token)
-    return stems
-
-
-class ProductSearch:
-    """BM25 (bm25s, Lucene variant) over the products' indexed ``contents``."""
-
-    def __init__(self, products: list[dict], k1: float = 0.9, b: float = 0.4):
-        self.asins = [p["asin"] for p in products]
-        corpus = self._tokenize([p["contents"] for p in products])
-        self.retriever = bm25s.BM25(k1=k1, b=b, method="lucene")
-        self.retriever.index(corpus, show_progress=False)
-
-    @staticmethod
-    def _tokenize(texts: list[str]) -> list[list[str]]:
-        return bm25s.tokenize(
-            texts, stopwords=list(STOPWORDS_EN), stemmer=_plural_stem, return_ids=False, show_progress=False
-        )
-
-    def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[str]:
-        """ASINs of the products matching `query`, best first (ties by catalogue order)."""
-        tokens = self._tokenize([query.lower()])[0]
-        tokens = [t for t in tokens if t in self.retriever.vocab_dict]
-        if not tokens:
-            return []
-        scores = np.asarray(self.retriever.get_scores(tokens), dtype=np.float64)
-        order = np.argsort(-scores, kind="stable")
-        return [self.asins[i] for i in order[:k] if scores[i] > 0]
-
-
-# ---------------------------------------------------------------------------- env
-
-
-def _default_path(path: str | Path | None, name: str) -> Path:
-    if path is not None:
-        return Path(path)
-    default = DATA_DIR / name
-    if not default.exists():
-        raise FileNotFoundError(
-            f"webshop: shipped data file {default} is missing; the repository's data/webshop/ "
-            "folder should hold it (or pass products_path= / instructions_path= explicitly)"
-        )
-    return default
 
 
 class WebShopEnv:
@@ -485,55 +177,42 @@ class WebShopEnv:
         of choosing it on its first item page at temperature 1: 0.9% as the page reads, 6.5% listed first
         with the hint; `python benchmarks/webshop_buy_chance.py`)."""
         self.snap_actions = snap_actions
+        self._load_products_and_goals(products_path, instructions_path, human_goals_path, num_products)
+        self.test_variations, self.train_variations = split_variations(self.goals, n_test_goals, split_by)
+        self.search_engine = ProductSearch(self.products)
+        self._goal: dict | None = None
+        self._done = True
 
-        products_file = _default_path(products_path, DEFAULT_PRODUCTS)
-        instructions_file = _default_path(instructions_path, DEFAULT_INSTRUCTIONS)
-        instructions = _read_json_or_jsonl(instructions_file)
+    def _load_products_and_goals(
+        self,
+        products_path: str | Path | None,
+        instructions_path: str | Path | None,
+        human_goals_path: str | Path | None,
+        num_products: int | None,
+    ) -> None:
+        """The catalogue, its prices and the shuffled goals (`goal_source`'s), from the files given or shipped."""
+        products_file = data_path(products_path, DEFAULT_PRODUCTS)
+        instructions_file = data_path(instructions_path, DEFAULT_INSTRUCTIONS)
+        instructions = read_json_or_jsonl(instructions_file)
         self.products = load_products(products_file, instructions, num_products)
         self.product_by_asin = {p["asin"]: p for p in self.products}
-        rng = random.Random(seed)
+        rng = random.Random(self.seed)
         self.prices = product_prices(self.products, rng)
 
-        if goal_source == "synthetic":
+        if self.goal_source == "synthetic":
             goals = synthetic_goals(self.products, instructions, self.prices, rng)
         else:
             if human_goals_path is None and (DATA_DIR / DEFAULT_HUMAN_GOALS).exists():
                 human_goals_path = DATA_DIR / DEFAULT_HUMAN_GOALS
-            human = _read_json_or_jsonl(Path(human_goals_path)) if human_goals_path is not None else {}
+            human = read_json_or_jsonl(Path(human_goals_path)) if human_goals_path is not None else {}
             goals = human_goals(self.products, human, self.prices, rng)
         if not goals:
             raise ValueError(
-                f"webshop: no {goal_source} goals for the {len(self.products)} products of {products_file} "
+                f"webshop: no {self.goal_source} goals for the {len(self.products)} products of {products_file} "
                 f"(instructions: {instructions_file}, human goals: {human_goals_path})"
             )
-        random.Random(seed).shuffle(goals)
+        random.Random(self.seed).shuffle(goals)
         self.goals = goals
-
-        n = len(goals)
-        if n_test_goals is None:
-            n_test_goals = 500 if n >= 2500 else n // 5
-        if not 0 <= n_test_goals <= n:
-            raise ValueError(f"webshop: n_test_goals must be in 0..{n}, not {n_test_goals}")
-        if split_by == "goal":
-            test = list(range(n_test_goals))
-        else:
-            per_asin: dict[str, int] = {}
-            for goal in goals:  # products in order of first appearance in the shuffled goals
-                per_asin[goal["asin"]] = per_asin.get(goal["asin"], 0) + 1
-            test_asins, n_test = set(), 0
-            for asin, count in per_asin.items():
-                if n_test >= n_test_goals:
-                    break
-                test_asins.add(asin)
-                n_test += count
-            test = [i for i, g in enumerate(goals) if g["asin"] in test_asins]
-        test_set = set(test)
-        self.test_variations = test
-        self.train_variations = [i for i in range(n) if i not in test_set]
-
-        self.search_engine = ProductSearch(self.products)
-        self._goal: dict | None = None
-        self._done = True
 
     # ------------------------------------------------------------------ pages
 
@@ -813,23 +492,3 @@ class WebShopEnv:
     def close(self) -> None:
         self._goal = None
         self._done = True
-
-
-def scripted_reference(env: WebShopEnv, variations: Iterable[int]) -> list[dict]:
-    """A scripted, non-learning reference policy: search the instruction verbatim, open the first
-    result, click the option values the goal names, buy. It reads the goal, so its score measures
-    how much the catalogue's search gives away, not what a learner achieves. One row per goal."""
-    rows = []
-    for variation in variations:
-        _, info = env.reset(variation)
-        result = env.step(f"search[{info['goal']['instruction_text']}]")
-        if env._results:
-            result = env.step(f"click[{env._results[0].lower()}]")
-            options = info["goal"].get("goal_options") or {}
-            for value in options.values() if isinstance(options, dict) else options:
-                if not result.done:
-                    result = env.step(f"click[{value}]")
-            if not result.done:
-                result = env.step("click[buy now]")
-        rows.append({"variation": variation, "score": result.score, "success": bool(result.info.get("success"))})
-    return rows

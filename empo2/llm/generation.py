@@ -5,35 +5,30 @@ its end, so the cache built for step t is still valid at step t+1: each call
 prefills only the tokens added since the previous call (the sampled response's
 last token, the new observation, tips where shown) instead of re-reading the
 whole history. With full history this turns O(T²) prompt tokens per episode into
-O(T).
+O(T). `reuse_cache=False` is the naive way (re-encode every prompt from scratch
+each call), kept for single-turn prompts (rewritten every step with a truncated
+history) and for the benchmark.
 
-Layout of the batched cache (one row per episode, "slot"):
+The cache is ragged: one row per episode ("slot"), each row's entries
+contiguous from position 0 (`RaggedLayer`), in buffers that double when full,
+so a decode step writes its new entries instead of copying the cache:
 
-    row 0: [turn-1 prompt][resp][pad][turn-2 chunk][resp][pad] ...
-    row 1: [pad][turn-1 prompt][resp][turn-2 chunk][pad][resp] ...
+    row 0: [turn-1 prompt][resp][turn-2 chunk][resp]
+    row 1: [turn-1 prompt][resp][turn-2 chunk][resp][turn-3 chunk][resp]
+    row 2: [turn-1 prompt][resp]
 
-New chunks are left-padded so every row's last position is a real token and one
-logit row per slot is enough; padding holes are masked out through the 2-D
-attention mask, and `position_ids` count real tokens only, so each row sees
-exactly the positions it would see alone. `reuse_cache=False` is the naive way
-(re-encode every prompt from scratch each call) kept for truncated histories and
-for the benchmark.
+A call computes only the slots it feeds, so finished episodes cost nothing
+until they are asked again (for their tips). The fed chunks go in one
+left-padded batch, so that every batch row's last position is a real token and
+one logit row per slot is enough, or row by row when padding would dominate;
+`position_ids` count each row's own tokens. Attention (`ragged_attention`,
+registered with transformers for the generator's passes only) reads each row up
+to its own length, so no padding is stored or read, and the key/value heads
+are never repeated per query head.
 
-Three cache layouts (`layout`), all computing the same thing:
-
-- "ragged" (the default): each row holds its own tokens contiguously from
-  position 0 (`RaggedLayer`), a call computes only the slots it feeds, and
-  attention (`ragged_attention`) reads each row up to its own length. The padded
-  layout above leaves holes wherever a row is shorter than the longest, and a decode
-  step reads them all; for a chunk of several tokens (a run of forced tokens and the
-  next sampled one) transformers' sdpa path also repeats the key/value heads once
-  per query head. The ragged layout reads only real entries and never repeats them.
-- "padded": the layout drawn above, written in place (`GrowingLayer`): buffers
-  that double when full, so a decode step writes its new entries instead of
-  copying the whole cache, and the slots a call asks for are kept as the first
-  rows, so finished episodes cost nothing until they are asked again (for their tips).
-- "plain": the padded layout copied at every call with every row computed, as
-  transformers' `DynamicCache` does; kept with "padded" for the benchmark and the tests.
+Two other layouts, the left-padded cache (rows as long as the longest, holes
+masked out) written in place and the same copied at every call as transformers'
+`DynamicCache` does, live in `benchmarks/cache_layouts.py`, which compares them.
 """
 
 from __future__ import annotations
@@ -49,7 +44,6 @@ from transformers.cache_utils import Cache, DynamicLayer
 from empo2.llm.constrained import ActionConstraint, Cursor
 
 
-LAYOUTS = ("ragged", "padded", "plain")
 RAGGED_ATTENTION = "empo2_ragged"  # the name `ragged_attention` is registered under in transformers
 
 
@@ -57,16 +51,13 @@ class GroupGenerator:
     """Samples one response per requested slot; slots are episodes of one group."""
 
     def __init__(self, model, tokenizer, num_slots: int, *, reuse_cache: bool = True,
-                 temperature: float = 1.0, sampling_rng: torch.Generator | None = None, layout: str = "ragged"):
-        if layout not in LAYOUTS:
-            raise ValueError(f"GroupGenerator: layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
+                 temperature: float = 1.0, sampling_rng: torch.Generator | None = None):
         self.model = model
         self.pad_id = tokenizer.pad_token_id
         self.stop_id = tokenizer.eos_token_id
         self.reuse_cache = reuse_cache
         self.temperature = temperature
         self.sampling_rng = sampling_rng
-        self.layout = layout
         self.device = next(model.parameters()).device
         self.trunk, self.lm_head = trunk_and_head(model)
         self.num_layers = model.config.num_hidden_layers
@@ -74,9 +65,7 @@ class GroupGenerator:
         self._cache_arg = "cache" if "cache" in inspect.signature(self.trunk.forward).parameters else "past_key_values"
         self.fed: dict[int, list[int]] = {}  # slot -> real token ids already in the cache
         self.rows: list[int] = []  # slot of each cache row
-        self.live_rows = 0  # the first `live_rows` rows are the slots of the current call
         self.cache: Cache | None = None
-        self.mask = torch.zeros(0, 0, dtype=torch.long)  # (rows, cache_len)
         self.prefilled_tokens = 0  # real prompt tokens run through the model (for benchmarks)
         self.forward_calls = 0  # model calls, prefill and decode (for benchmarks)
         self.computed_tokens = 0  # token positions run through the model, padding included (for benchmarks)
@@ -86,108 +75,16 @@ class GroupGenerator:
 
     def _reset(self, slots: list[int]) -> None:
         self.rows = list(slots)
-        self.live_rows = len(slots)
         self.fed = {slot: [] for slot in slots}
-        layout = self.layout
-        if layout == "ragged":
-            layers = [RaggedLayer(len(slots)) for _ in range(self.num_layers)]
-        else:
-            layers = [GrowingLayer(len(slots), 2.0 if layout == "padded" else 1.0) for _ in range(self.num_layers)]
-        self.cache = Cache(layers=layers)
-        self.mask = torch.zeros(len(slots), 0, dtype=torch.long, device=self.device)
-
-    def _bring_forward(self, slots: set[int]) -> None:
-        """Make `slots` the first rows of the cache (padded layout); only those rows are computed until the next call."""
-        if self.layout != "padded":  # ragged: a call computes the slots it feeds, wherever their rows are
-            self.live_rows = len(self.rows)
-            return
-        self.live_rows = len(slots)
-        if set(self.rows[: len(slots)]) == slots:
-            return
-        order = ([row for row, slot in enumerate(self.rows) if slot in slots]
-                 + [row for row, slot in enumerate(self.rows) if slot not in slots])
-        index = torch.tensor(order, device=self.device)
-        for layer in self.cache.layers:
-            layer.reorder_rows(index)
-        self.mask = self.mask[index]
-        self.rows = [self.rows[row] for row in order]
-
-    def _forward(self, input_ids, chunk_mask, positions):
-        """Batched pass over the live rows: (live, width) inputs, chunk_mask (rows, width) -> logits (live, vocab)."""
-        self.mask = torch.cat([self.mask, chunk_mask], dim=1)  # (rows, cache_len + n)
-        live = input_ids.shape[0]
-        self.computed_tokens += input_ids.numel()
-        out = self.trunk(input_ids=input_ids, attention_mask=self.mask[:live], position_ids=positions,
-                         use_cache=True, **{self._cache_arg: self.cache})
-        return self.lm_head(out.last_hidden_state[:, -1].contiguous()).float()  # (live, vocab)
+        self.cache = Cache(layers=[RaggedLayer(len(slots)) for _ in range(self.num_layers)])
 
     def _feed(self, chunks: dict[int, list[int]]) -> torch.Tensor:
-        """Run each slot's new tokens through the model; logits after each live row's last token: (live, vocab).
+        """Run each fed slot's new tokens through the model; logits after each one's last token: (rows, vocab) by
+        cache row, zero for rows not fed.
 
-        Chunks of similar length go in one left-padded batch. When padding would
-        dominate (one row brings a long observation, the others a few tokens), each
-        row runs alone on its own rows of the cache, writing its new entries after
-        a padding hole: the same cache, without computing the padding.
-        """
-        if self.layout == "ragged":
-            return self._feed_ragged(chunks)
-        width = max(len(chunk) for chunk in chunks.values())
-        live = self.live_rows
-        real = sum(len(chunk) for chunk in chunks.values())
-        input_ids = torch.full((live, width), self.pad_id, dtype=torch.long)  # (live, width)
-        chunk_mask = torch.zeros(len(self.rows), width, dtype=torch.long)  # (rows, width); idle rows get a hole
-        positions = torch.zeros(live, width, dtype=torch.long)  # (live, width)
-        for row, slot in enumerate(self.rows[:live]):
-            chunk = chunks.get(slot, [])
-            if chunk:
-                start = width - len(chunk)
-                input_ids[row, start:] = torch.tensor(chunk)
-                chunk_mask[row, start:] = 1
-                positions[row, start:] = torch.arange(len(self.fed[slot]), len(self.fed[slot]) + len(chunk))
-                self.fed[slot].extend(chunk)
-        input_ids, chunk_mask, positions = (t.to(self.device) for t in (input_ids, chunk_mask, positions))
-        if self.mask.shape[1] > 0 and self._padding_dominates(live, width, real):
-            return self._forward_rows(input_ids, chunk_mask, positions)
-        self.forward_calls += 1
-        return self._forward(input_ids, chunk_mask, positions)
-
-    def _padding_dominates(self, rows: int, width: int, real: int) -> bool:
-        """A padded batch of `rows` × `width` would compute more than `row_split_ratio` times its `real` tokens."""
-        return width >= 8 and rows * width > self.row_split_ratio * real
-
-    def _forward_rows(self, input_ids, chunk_mask, positions) -> torch.Tensor:
-        """`_forward` computed row by row on the real tokens only (same cache layout and logits)."""
-        layers = self.cache.layers
-        length, width = self.mask.shape[1], input_ids.shape[1]
-        for layer in layers:
-            layer.reserve(width)
-        logits = []
-        for row in range(input_ids.shape[0]):
-            n = int(chunk_mask[row].sum())
-            if n == 0:
-                logits.append(None)
-                continue
-            row_cache = Cache(layers=[RowLayer(layer, row, length + width - n) for layer in layers])
-            mask = torch.cat([self.mask[row : row + 1], chunk_mask[row : row + 1]], dim=1)  # (1, length + width)
-            out = self.trunk(
-                input_ids=input_ids[row : row + 1, width - n :], attention_mask=mask,
-                position_ids=positions[row : row + 1, width - n :], use_cache=True, **{self._cache_arg: row_cache},
-            )
-            self.forward_calls += 1
-            self.computed_tokens += n
-            logits.append(self.lm_head(out.last_hidden_state[0, -1]).float())
-        for layer in layers:
-            layer.advance(width)
-        self.mask = torch.cat([self.mask, chunk_mask], dim=1)  # (rows, cache_len + width)
-        vocab = next(l for l in logits if l is not None).shape[-1]
-        return torch.stack([l if l is not None else torch.zeros(vocab, device=self.device) for l in logits])
-
-    def _feed_ragged(self, chunks: dict[int, list[int]]) -> torch.Tensor:
-        """`_feed` for the ragged layout: logits (rows, vocab) by cache row, zero for rows not fed.
-
-        Only the fed slots are computed. Chunks go in one left-padded batch, or row by
-        row when padding would dominate, as in `_feed`; either way each row's new
-        entries land right after its own cached tokens.
+        Chunks of similar length go in one left-padded batch. When padding would dominate
+        (one row brings a long observation, the others a few tokens), each row runs alone.
+        Either way each row's new entries land right after its own cached tokens.
         """
         slots = list(chunks)
         width = max(len(chunk) for chunk in chunks.values())
@@ -213,14 +110,18 @@ class GroupGenerator:
         for batch in batches:
             n = max(counts[b] for b in batch)  # this call's width
             call = RaggedCall([rows[b] for b in batch], [starts[b] for b in batch], [counts[b] for b in batch])
-            out = self._forward_ragged(input_ids[batch, width - n:], positions[batch, width - n:], call)  # (batch, vocab)
+            out = self._forward(input_ids[batch, width - n:], positions[batch, width - n:], call)  # (batch, vocab)
             if logits is None:
                 logits = out.new_zeros(len(self.rows), out.shape[-1])  # (rows, vocab)
             logits[call.rows] = out
         return logits
 
-    def _forward_ragged(self, input_ids, positions, call: "RaggedCall") -> torch.Tensor:
-        """One pass of the ragged layout: (batch, width) inputs -> logits after each row's last token (batch, vocab)."""
+    def _padding_dominates(self, rows: int, width: int, real: int) -> bool:
+        """A padded batch of `rows` × `width` would compute more than `row_split_ratio` times its `real` tokens."""
+        return width >= 8 and rows * width > self.row_split_ratio * real
+
+    def _forward(self, input_ids, positions, call: "RaggedCall") -> torch.Tensor:
+        """One pass: (batch, width) inputs -> logits after each batch row's last token (batch, vocab)."""
         for layer in self.cache.layers:
             layer.call = call
         self.forward_calls += 1
@@ -234,11 +135,6 @@ class GroupGenerator:
         finally:
             config._attn_implementation = previous
         return self.lm_head(out.last_hidden_state[:, -1].contiguous()).float()  # (batch, vocab)
-
-    def cache_positions(self) -> tuple[int, int]:
-        """(cache positions a decode step over every row reads, of them real tokens); the rest are holes."""
-        real = sum(len(ids) for ids in self.fed.values())
-        return (real if self.layout == "ragged" else self.mask.numel()), real
 
     def _sample(self, logits: torch.Tensor, allowed: list[tuple[int, ...] | None]
                 ) -> tuple[list[int], list[float], list[float]]:
@@ -285,7 +181,6 @@ class GroupGenerator:
         unknown = set(prompts) - set(self.rows)
         if unknown:
             raise ValueError(f"generate: slots {sorted(unknown)} do not exist (this generator has {len(self.rows)})")
-        self._bring_forward(set(prompts))
 
         chunks = {}
         for slot, prompt in prompts.items():
@@ -330,94 +225,6 @@ class GroupGenerator:
         return responses
 
 
-class GrowingLayer(DynamicLayer):
-    """One layer's KV cache in buffers (rows, kv_heads, capacity, head_dim) written in place.
-
-    transformers' `DynamicLayer` concatenates, so every call (every decode step) copies
-    the whole cache; here capacity grows by `growth` when full and a call writes only its
-    new entries. A call may bring fewer rows than the buffers hold: they are the first
-    rows, and the others keep a zero hole at the new positions (masked out; zero so that
-    no stale value meets a zero attention weight). `growth=1` is the plain way: exact-size
-    reallocation and a full copy at every call, as `DynamicLayer` does.
-    """
-
-    def __init__(self, rows: int, growth: float = 2.0):
-        super().__init__()
-        self.rows = rows
-        self.growth = growth
-        self.length = 0
-        self.key_buffer = self.value_buffer = None  # (rows, kv_heads, capacity, head_dim)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        heads, dim = key_states.shape[1], key_states.shape[3]
-        self.key_buffer = key_states.new_zeros(self.rows, heads, 0, dim)
-        self.value_buffer = value_states.new_zeros(self.rows, heads, 0, dim)
-        self.device = key_states.device
-        self.is_initialized = True
-
-    def reserve(self, extra: int) -> None:
-        """Make room for `extra` more positions (growing the buffers if needed)."""
-        needed, capacity = self.length + extra, 0 if self.key_buffer is None else self.key_buffer.shape[2]
-        if self.key_buffer is None or needed <= capacity:
-            return
-        new_capacity = max(needed, int(capacity * self.growth))
-        for name in ("key_buffer", "value_buffer"):
-            old = getattr(self, name)
-            grown = old.new_zeros(*old.shape[:2], new_capacity, old.shape[3])
-            grown[:, :, : self.length] = old[:, :, : self.length]
-            setattr(self, name, grown)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Write the new entries of the first rows; return those rows' keys and values so far."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        rows, n = key_states.shape[0], key_states.shape[2]
-        self.reserve(n)
-        self.write(slice(0, rows), self.length, key_states, value_states)
-        self.advance(n)
-        self.keys, self.values = self.view(slice(0, rows), self.length)
-        return self.keys, self.values
-
-    def write(self, rows: slice, start: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.key_buffer[rows, :, start : start + key_states.shape[2]] = key_states
-        self.value_buffer[rows, :, start : start + value_states.shape[2]] = value_states
-
-    def view(self, rows: slice, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.key_buffer[rows, :, :end], self.value_buffer[rows, :, :end]
-
-    def advance(self, n: int) -> None:
-        self.length += n
-
-    def reorder_rows(self, index: torch.Tensor) -> None:
-        if self.key_buffer is not None:
-            self.key_buffer, self.value_buffer = self.key_buffer[index], self.value_buffer[index]
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-
-class RowLayer(DynamicLayer):
-    """One row of a `GrowingLayer`, for a call that runs rows one at a time.
-
-    The row's new entries land at `start` (the end of the call's padded width); the
-    hole before them stays zero. The parent advances once, after every row has run.
-    """
-
-    def __init__(self, parent: GrowingLayer, row: int, start: int):
-        super().__init__()
-        self.parent, self.rows, self.start = parent, slice(row, row + 1), start
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if self.parent.key_buffer is None:  # pragma: no cover - the row path only runs on a filled cache
-            raise RuntimeError("RowLayer: the parent cache is empty")
-        self.parent.write(self.rows, self.start, key_states, value_states)
-        return self.parent.view(self.rows, self.start + key_states.shape[2])
-
-    def get_seq_length(self) -> int:
-        return self.start
-
-
 @dataclass
 class RaggedCall:
     """Which cache rows one ragged pass feeds: batch row b is cache row `rows[b]`, whose `counts[b]` new
@@ -428,15 +235,40 @@ class RaggedCall:
     counts: list[int]
 
 
-class RaggedLayer(GrowingLayer):
-    """One layer's KV cache with each row's entries contiguous from position 0, so no holes.
+class RaggedLayer(DynamicLayer):
+    """One layer's KV cache in buffers (rows, kv_heads, capacity, head_dim), each row's entries contiguous from
+    position 0, so no holes.
 
+    transformers' `DynamicLayer` concatenates, so every call (every decode step) copies the
+    whole cache; here the buffers double when full and a call writes only its new entries.
     `length` is the longest row's; the generator sets `call` before each pass.
     """
 
     def __init__(self, rows: int):
-        super().__init__(rows, growth=2.0)
+        super().__init__()
+        self.rows = rows
+        self.length = 0
+        self.key_buffer = self.value_buffer = None  # (rows, kv_heads, capacity, head_dim)
         self.call: RaggedCall | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        heads, dim = key_states.shape[1], key_states.shape[3]
+        self.key_buffer = key_states.new_zeros(self.rows, heads, 0, dim)
+        self.value_buffer = value_states.new_zeros(self.rows, heads, 0, dim)
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def reserve(self, length: int) -> None:
+        """Make room for `length` positions, doubling the buffers when they are full."""
+        capacity = self.key_buffer.shape[2]
+        if length <= capacity:
+            return
+        new_capacity = max(length, 2 * capacity)
+        for name in ("key_buffer", "value_buffer"):
+            old = getattr(self, name)
+            grown = old.new_zeros(*old.shape[:2], new_capacity, old.shape[3])
+            grown[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, grown)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write each fed row's new entries after its cached ones; return the whole buffers (read by
@@ -445,12 +277,15 @@ class RaggedLayer(GrowingLayer):
             self.lazy_initialization(key_states, value_states)
         call, width = self.call, key_states.shape[2]
         end = max(start + count for start, count in zip(call.starts, call.counts))
-        self.reserve(end - self.length)
+        self.reserve(end)
         for b, (row, start, count) in enumerate(zip(call.rows, call.starts, call.counts)):
             self.key_buffer[row, :, start : start + count] = key_states[b, :, width - count :]
             self.value_buffer[row, :, start : start + count] = value_states[b, :, width - count :]
         self.length = max(self.length, end)
         return self.key_buffer, self.value_buffer
+
+    def get_seq_length(self) -> int:
+        return self.length
 
 
 def ragged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, ragged=None, **kwargs):

@@ -203,14 +203,13 @@ def load_trained_weights(model, path) -> None:
 
 
 class Embedder:
-    """Sentence embedder: mean-pooled, L2-normalised vectors, batched, no gradients.
+    """Sentence embedder: mean-pooled, L2-normalised vectors, no gradients, each distinct text computed once.
 
     >>> Embedder().encode(["You are in the kitchen."]).shape
     (1, 384)
     """
 
-    def __init__(self, name_or_path: str = DEFAULT_EMBEDDER, batch_size: int = 64, max_length: int = 256,
-                 cache_size: int = 50_000):
+    def __init__(self, name_or_path: str = DEFAULT_EMBEDDER, max_length: int = 256, cache_size: int = 50_000):
         from transformers import AutoModel, AutoTokenizer
 
         _quiet_transformers()
@@ -222,11 +221,10 @@ class Embedder:
             path = resolve_policy_path(name_or_path)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path).eval()
-        self.batch_size = batch_size
         self.max_length = max_length
         self.dim = self.model.config.hidden_size
         self.cache_size = cache_size
-        """Texts whose vectors are kept (least recently used dropped first); 0: embed every text every time."""
+        """Texts whose vectors are kept (least recently used dropped first)."""
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self.computed = 0  # texts run through the model (for benchmarks)
 
@@ -236,14 +234,12 @@ class Embedder:
         A rollout embeds the state of every episode at every step, and an agent that
         loops meets the same states again: each distinct text is computed once, alone
         (no padding, so its vector does not depend on which texts came with it), and
-        reused. `cache_size=0` is the plain way: every text, every call, in padded batches.
+        reused.
         """
         if isinstance(texts, str):
             raise TypeError("Embedder.encode: texts must be a list of strings, not a single string")
-        if not self.cache_size:
-            return self._compute(list(texts))
         for text in dict.fromkeys(text for text in texts if text not in self._cache):
-            self._cache[text] = self._compute([text])[0]
+            self._cache[text] = self._compute(text)
         vectors = np.stack([self._cache[text] for text in texts]) if texts else np.zeros((0, self.dim), np.float32)
         for text in texts:
             self._cache.move_to_end(text)
@@ -252,21 +248,10 @@ class Embedder:
         return vectors
 
     @torch.no_grad()
-    def _compute(self, texts: list[str]) -> np.ndarray:
-        self.computed += len(texts)
-        chunks = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(
-                list(texts[start : start + self.batch_size]),
-                padding=True,
-                truncation=True,
-                max_length=self.max_length,
-                return_tensors="pt",
-            )
-            hidden = self.model(**batch).last_hidden_state  # (b, L, dim)
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (b, L, 1)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (b, dim)
-            chunks.append(torch.nn.functional.normalize(pooled, dim=-1))
-        if not chunks:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return torch.cat(chunks).numpy().astype(np.float32)
+    def _compute(self, text: str) -> np.ndarray:
+        """One text, alone -> its (dim,) float32 unit vector."""
+        self.computed += 1
+        batch = self.tokenizer([text], truncation=True, max_length=self.max_length, return_tensors="pt")
+        hidden = self.model(**batch).last_hidden_state  # (1, L, dim)
+        pooled = hidden.sum(1) / hidden.shape[1]  # (1, dim): the mean over the text's tokens
+        return torch.nn.functional.normalize(pooled, dim=-1)[0].numpy().astype(np.float32)

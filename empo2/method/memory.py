@@ -14,7 +14,8 @@ and the `top_k` candidates with the best score are shown to the policy.
 Entries live in separate buffers called scopes (one per task variation in the
 reference release). Capacity, eviction, duplicate detection and retrieval all
 act inside one scope; the insertion counter is global. Keys are L2-normalised,
-so the inner product of a faiss flat index is the cosine similarity.
+so the inner product of a faiss flat index is the cosine similarity (`vectors.VectorIndex`, the
+nearest-neighbour store the novelty bonus uses too).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import faiss
 import numpy as np
 
+from empo2.method.vectors import VectorIndex, unit_rows
 from empo2.runs import write_atomic, write_json_atomic, write_text_atomic
 
 _ENTRIES_FILE = "entries.jsonl"
@@ -51,46 +52,23 @@ class MemoryEntry:
     """Buffer the tip belongs to, e.g. "power-component:3" (per variation) or "power-component"."""
 
 
-def _new_index(dim: int) -> faiss.Index:
-    """An exact inner-product index, on the GPUs when faiss sees any."""
-    index = faiss.IndexFlatIP(dim)
-    if faiss.get_num_gpus() > 0:
-        return faiss.index_cpu_to_all_gpus(index)
-    return index
-
-
-def _normalised(vectors: np.ndarray, dim: int, name: str) -> np.ndarray:
-    """Rows of `vectors` (n, dim) as float32 unit vectors; ValueError on a wrong shape or a zero row."""
-    vectors = np.asarray(vectors, dtype=np.float32)
-    if vectors.ndim != 2 or vectors.shape[1] != dim:
-        raise ValueError(f"{name} must have {dim} values per row, got shape {vectors.shape}")
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    if not np.all(np.isfinite(norms)) or np.any(norms == 0):
-        raise ValueError(f"{name} must be finite and non-zero")
-    return vectors / norms
-
-
 class _Scope:
-    """The entries of one scope and a faiss index whose row i is the key of entries[i]."""
+    """The entries of one scope and an index whose row i is the key of entries[i]."""
 
     def __init__(self, dim: int):
         self.entries: list[MemoryEntry] = []
         self.contents: set[str] = set()
-        self.index = _new_index(dim)
+        self.keys = VectorIndex(dim)
 
     def append(self, entry: MemoryEntry) -> None:
         self.entries.append(entry)
         self.contents.add(entry.content)
-        self.index.add(entry.key[None, :])
+        self.keys.add(entry.key)
 
     def evict_oldest(self) -> None:
         oldest = self.entries.pop(0)
         self.contents.discard(oldest.content)
-        # Rebuild rather than remove_ids: GPU flat indices do not support removal,
-        # and re-adding at most `capacity` keys is cheap.
-        self.index.reset()
-        if self.entries:
-            self.index.add(np.stack([e.key for e in self.entries]))
+        self.keys.drop_oldest()
 
 
 class TipMemory:
@@ -125,7 +103,7 @@ class TipMemory:
         Returns False (and stores nothing, counter unchanged) when the scope already
         holds a tip with exactly this content.
         """
-        key = _normalised(np.asarray(key).reshape(1, -1), self.dim, "key")[0]
+        key = unit_rows(np.asarray(key).reshape(1, -1), self.dim, "key")[0]
         if not isinstance(content, str):
             raise ValueError(f"content must be a str, got {type(content).__name__}")
         if not isinstance(scope, str):
@@ -156,13 +134,13 @@ class TipMemory:
     def retrieve(self, query: np.ndarray, scope: str = "") -> list[MemoryEntry]:
         """Tips of `scope` whose key has cosine similarity > threshold with `query` (dim,),
         then the top_k of those by score (ties: newer first), best score first."""
-        query = _normalised(np.asarray(query).reshape(1, -1), self.dim, "query")  # (1, dim)
+        query = unit_rows(np.asarray(query).reshape(1, -1), self.dim, "query")[0]  # (dim,)
         bucket = self._scopes.get(scope)
         if bucket is None or not bucket.entries:
             return []
         # The memory is small, so search every key and filter afterwards.
-        similarities, positions = bucket.index.search(query, len(bucket.entries))  # (1, n) each
-        candidates = [bucket.entries[p] for s, p in zip(similarities[0], positions[0])
+        similarities, positions = bucket.keys.search(query)  # (n,) each
+        candidates = [bucket.entries[p] for s, p in zip(similarities, positions)
                       if p >= 0 and s > self.similarity_threshold]
         candidates.sort(key=lambda e: (e.score, e.counter), reverse=True)
         return candidates[: self.top_k]

@@ -19,6 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
+from empo2.method.vectors import VectorIndex, unit_rows
+
 
 class NoveltyStore:
     """Distinct states and their visit counts, per scope."""
@@ -33,8 +35,8 @@ class NoveltyStore:
         self.dim = dim
         self.similarity_threshold = float(similarity_threshold)
         self.coefficient = float(coefficient)
-        self._states: dict[str, np.ndarray] = {}   # scope -> (m, dim) float32 unit vectors
-        self._counts: dict[str, np.ndarray] = {}   # scope -> (m,) int64 visit counts
+        self._states: dict[str, VectorIndex] = {}   # scope -> its m distinct states (unit vectors)
+        self._counts: dict[str, list[int]] = {}      # scope -> their m visit counts
 
     def visit(self, embeddings: np.ndarray, scopes: Sequence[str] | None = None) -> np.ndarray:
         """Record a visit of each row of `embeddings` (n, dim) and return the (n,) rewards.
@@ -42,13 +44,7 @@ class NoveltyStore:
         Rows are processed in order, so a row can match a state added by an earlier
         row of the same call. `scopes` gives each row's scope (all "" when None).
         """
-        embeddings = np.asarray(embeddings, dtype=np.float32)
-        if embeddings.ndim != 2 or embeddings.shape[1] != self.dim:
-            raise ValueError(f"embeddings must have shape (n, {self.dim}), got {embeddings.shape}")
-        norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
-        if not np.all(np.isfinite(norms)) or np.any(norms == 0):
-            raise ValueError("embeddings must be finite and non-zero")
-        embeddings = embeddings / norms
+        embeddings = unit_rows(embeddings, self.dim, "embeddings")
         if scopes is None:
             scopes = [""] * len(embeddings)
         if len(scopes) != len(embeddings):
@@ -56,20 +52,17 @@ class NoveltyStore:
 
         rewards = np.zeros(len(embeddings), dtype=np.float32)
         for i, (vector, scope) in enumerate(zip(embeddings, scopes)):
-            states = self._states.get(scope)
-            best = -1
-            if states is not None:
-                similarities = states @ vector   # (m,)
-                best = int(np.argmax(similarities))
-                if similarities[best] < self.similarity_threshold:
-                    best = -1
-            if best >= 0:
-                self._counts[scope][best] += 1
-                n = self._counts[scope][best]
+            if scope not in self._states:
+                self._states[scope], self._counts[scope] = VectorIndex(self.dim), []
+            states, counts = self._states[scope], self._counts[scope]
+            best, similarity = states.nearest(vector)
+            if best >= 0 and not similarity < self.similarity_threshold:
+                counts[best] += 1
             else:
-                self._add_state(scope, vector)
-                n = 1
-            rewards[i] = self.coefficient / n
+                states.add(vector)
+                counts.append(1)
+                best = len(counts) - 1
+            rewards[i] = self.coefficient / counts[best]
         return rewards
 
     def __len__(self) -> int:
@@ -82,24 +75,20 @@ class NoveltyStore:
         return {
             "dim": self.dim,
             "scopes": names,
-            "states": [self._states[name].copy() for name in names],
-            "counts": [self._counts[name].copy() for name in names],
+            "states": [self._states[name].matrix() for name in names],
+            "counts": [np.array(self._counts[name], dtype=np.int64) for name in names],
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the stored states and counts. Threshold and coefficient stay those of the constructor."""
         if state["dim"] != self.dim:
             raise ValueError(f"state must have dim {self.dim}, got {state['dim']}")
-        self._states = {name: np.array(s, dtype=np.float32) for name, s in zip(state["scopes"], state["states"])}
-        self._counts = {name: np.array(c, dtype=np.int64) for name, c in zip(state["scopes"], state["counts"])}
-
-    def _add_state(self, scope: str, vector: np.ndarray) -> None:
-        if scope not in self._states:
-            self._states[scope] = vector[None, :].copy()
-            self._counts[scope] = np.ones(1, dtype=np.int64)
-        else:
-            self._states[scope] = np.concatenate([self._states[scope], vector[None, :]])
-            self._counts[scope] = np.append(self._counts[scope], 1)
+        self._states, self._counts = {}, {}
+        for name, states, counts in zip(state["scopes"], state["states"], state["counts"]):
+            self._states[name] = VectorIndex(self.dim)
+            for vector in np.array(states, dtype=np.float32):
+                self._states[name].add(vector)
+            self._counts[name] = [int(n) for n in counts]
 
 
 class GroupNovelty:

@@ -95,7 +95,7 @@ class Roller:
                  embedder=None, memory=None, novelty=None, reuse_cache: bool = True,
                  sampling_rng: torch.Generator | None = None, memory_scope: str = "variation",
                  prompt_style: str = "chat", history_turns: int = 2, think_first: bool = True,
-                 action_decoding: str = "free", parallel_envs: bool = True, cache_layout: str = "ragged",
+                 action_decoding: str = "free", parallel_envs: bool = True,
                  engine=None, repeat_tips: bool = True, tip_decoding: str = "free",
                  tip_template: str = "helpful_avoid_next"):
         options = {"prompt_style": prompt_style, "action_decoding": action_decoding, "tip_decoding": tip_decoding,
@@ -121,8 +121,6 @@ class Roller:
         """Builds each state's constraint when actions are decoded constrained; None for free text."""
         self.parallel_envs = parallel_envs
         """Step the group's environments at the same time where they allow it (False: one after the other)."""
-        self.cache_layout = cache_layout
-        """KV cache layout: ragged (each row its own length), padded or plain; see empo2.llm.generation."""
         self.history_turns = history_turns
         self.think_first = think_first
         self.engine = engine
@@ -215,7 +213,7 @@ class Roller:
             generator = self.engine.generator(self.model, n, temperature=temperature)
         else:
             generator = GroupGenerator(self.model, self.tokenizer, n, reuse_cache=reuse_cache,
-                                       temperature=temperature, sampling_rng=self.sampling_rng, layout=self.cache_layout)
+                                       temperature=temperature, sampling_rng=self.sampling_rng)
         self.last_generator = generator
         return generator
 

@@ -114,10 +114,6 @@ class PolicyUpdate:
         LoRA runs need no copy: the base model with the adapter switched off is exactly the initial policy."""
         if cfg.kl_beta > 0 and not hasattr(model, "disable_adapter"):
             self.reference = copy.deepcopy(model).requires_grad_(False).eval().to(default_dtype(self.device))
-        self.reuse_old_logprobs = True
-        """Take θ_old's log-probs from the first gradient pass where θ_old = θ and the contexts agree (before the
-        iteration's first optimiser step; not off-policy) instead of a separate no-grad pass. Equal to float
-        rounding; False is the plain way, kept for the benchmark."""
 
     def __call__(self, episodes: list[Episode | None], advantages: torch.Tensor,
                  decisions: list[int] | None = None) -> dict:
@@ -166,9 +162,8 @@ class PolicyUpdate:
     def old_from_first_pass(self, episodes: list[Episode | None], first_minibatch) -> set[int]:
         """The episodes whose θ_old log-probs are taken from their first gradient pass, with no separate no-grad
         pass: until the first optimiser step θ_old = θ, so an episode of the first mini-batch that θ_old and θ
-        score in the same context (not off-policy) gets exactly θ_old's values there."""
-        if not self.reuse_old_logprobs:
-            return set()
+        score in the same context (not off-policy) gets exactly θ_old's values there (equal to a separate no-grad
+        pass up to float rounding; benchmarks/bench.py times both)."""
         chosen = [(int(i), episodes[int(i)]) for i in first_minibatch]
         return {i for i, e in chosen if e is not None and e.sampled_with_tips == e.trained_with_tips}
 
