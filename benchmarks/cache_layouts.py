@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from empo2.llm.generation import GroupGenerator
+from empo2.llm.generation import BufferLayer, GroupGenerator
 from empo2.method.rollout import Roller
 
 
@@ -152,42 +152,22 @@ class LayoutRoller(Roller):
         return generator
 
 
-class GrowingLayer(DynamicLayer):
-    """One layer's KV cache in buffers (rows, kv_heads, capacity, head_dim) written in place.
-
-    transformers' `DynamicLayer` concatenates, so every call (every decode step) copies
-    the whole cache; here capacity grows by `growth` when full and a call writes only its
-    new entries. A call may bring fewer rows than the buffers hold: they are the first
-    rows, and the others keep a zero hole at the new positions (masked out; zero so that
-    no stale value meets a zero attention weight). `growth=1` is the plain way: exact-size
+class GrowingLayer(BufferLayer):
+    """A `BufferLayer` for the padded layout: capacity grows by `growth` when full. A call may bring fewer rows
+    than the buffers hold: they are the first rows, and the others keep a zero hole at the new positions (masked
+    out; zero so that no stale value meets a zero attention weight). `growth=1` is the plain way: exact-size
     reallocation and a full copy at every call, as `DynamicLayer` does.
     """
 
     def __init__(self, rows: int, growth: float = 2.0):
-        super().__init__()
-        self.rows = rows
+        super().__init__(rows)
         self.growth = growth
-        self.length = 0
-        self.key_buffer = self.value_buffer = None  # (rows, kv_heads, capacity, head_dim)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        heads, dim = key_states.shape[1], key_states.shape[3]
-        self.key_buffer = key_states.new_zeros(self.rows, heads, 0, dim)
-        self.value_buffer = value_states.new_zeros(self.rows, heads, 0, dim)
-        self.device = key_states.device
-        self.is_initialized = True
 
     def reserve(self, extra: int) -> None:
         """Make room for `extra` more positions (growing the buffers if needed)."""
-        needed, capacity = self.length + extra, 0 if self.key_buffer is None else self.key_buffer.shape[2]
-        if self.key_buffer is None or needed <= capacity:
-            return
-        new_capacity = max(needed, int(capacity * self.growth))
-        for name in ("key_buffer", "value_buffer"):
-            old = getattr(self, name)
-            grown = old.new_zeros(*old.shape[:2], new_capacity, old.shape[3])
-            grown[:, :, : self.length] = old[:, :, : self.length]
-            setattr(self, name, grown)
+        needed = self.length + extra
+        if self.key_buffer is not None and needed > self.key_buffer.shape[2]:
+            self.grow(max(needed, int(self.key_buffer.shape[2] * self.growth)))
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write the new entries of the first rows; return those rows' keys and values so far."""
@@ -213,9 +193,6 @@ class GrowingLayer(DynamicLayer):
     def reorder_rows(self, index: torch.Tensor) -> None:
         if self.key_buffer is not None:
             self.key_buffer, self.value_buffer = self.key_buffer[index], self.value_buffer[index]
-
-    def get_seq_length(self) -> int:
-        return self.length
 
 
 class RowLayer(DynamicLayer):

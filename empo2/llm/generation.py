@@ -235,13 +235,12 @@ class RaggedCall:
     counts: list[int]
 
 
-class RaggedLayer(DynamicLayer):
-    """One layer's KV cache in buffers (rows, kv_heads, capacity, head_dim), each row's entries contiguous from
-    position 0, so no holes.
+class BufferLayer(DynamicLayer):
+    """One layer's KV cache in buffers (rows, kv_heads, capacity, head_dim) written in place.
 
     transformers' `DynamicLayer` concatenates, so every call (every decode step) copies the
-    whole cache; here the buffers double when full and a call writes only its new entries.
-    `length` is the longest row's; the generator sets `call` before each pass.
+    whole cache; a buffer layer grows its buffers only when full and a call writes only its
+    new entries. `length` is the longest row's. Subclasses say where a call's entries go (`update`).
     """
 
     def __init__(self, rows: int):
@@ -249,7 +248,6 @@ class RaggedLayer(DynamicLayer):
         self.rows = rows
         self.length = 0
         self.key_buffer = self.value_buffer = None  # (rows, kv_heads, capacity, head_dim)
-        self.call: RaggedCall | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         heads, dim = key_states.shape[1], key_states.shape[3]
@@ -258,17 +256,31 @@ class RaggedLayer(DynamicLayer):
         self.device = key_states.device
         self.is_initialized = True
 
+    def grow(self, capacity: int) -> None:
+        """Reallocate the buffers to `capacity` positions, keeping the first `length`."""
+        for name in ("key_buffer", "value_buffer"):
+            old = getattr(self, name)
+            grown = old.new_zeros(*old.shape[:2], capacity, old.shape[3])
+            grown[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, grown)
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+class RaggedLayer(BufferLayer):
+    """A `BufferLayer` whose rows each hold their entries contiguous from position 0, so no holes; the buffers
+    double when full. The generator sets `call` before each pass."""
+
+    def __init__(self, rows: int):
+        super().__init__(rows)
+        self.call: RaggedCall | None = None
+
     def reserve(self, length: int) -> None:
         """Make room for `length` positions, doubling the buffers when they are full."""
         capacity = self.key_buffer.shape[2]
-        if length <= capacity:
-            return
-        new_capacity = max(length, 2 * capacity)
-        for name in ("key_buffer", "value_buffer"):
-            old = getattr(self, name)
-            grown = old.new_zeros(*old.shape[:2], new_capacity, old.shape[3])
-            grown[:, :, : self.length] = old[:, :, : self.length]
-            setattr(self, name, grown)
+        if length > capacity:
+            self.grow(max(length, 2 * capacity))
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write each fed row's new entries after its cached ones; return the whole buffers (read by
@@ -283,9 +295,6 @@ class RaggedLayer(DynamicLayer):
             self.value_buffer[row, :, start : start + count] = value_states[b, :, width - count :]
         self.length = max(self.length, end)
         return self.key_buffer, self.value_buffer
-
-    def get_seq_length(self) -> int:
-        return self.length
 
 
 def ragged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, ragged=None, **kwargs):
