@@ -228,7 +228,7 @@ def _webshop_run(folder, method: str, skipped_first: bool, test_scores: tuple[fl
 
 def test_webshop_behaviour_counts_buys_invalid_actions_and_skipped_updates(tmp_path):
     folder = _webshop_run(tmp_path / "grpo-webshop-seed0", "grpo", skipped_first=True, test_scores=(50.0, 0.0))
-    row = lessons.webshop_behaviour([folder]).loc["grpo-webshop-seed0"]
+    row = defined_in("10_webshop")["webshop_behaviour"]([folder]).loc["grpo-webshop-seed0"]
     assert (row["searched"], row["opened a product"], row["bought"]) == (1.0, 0.5, 0.5)
     assert row["invalid actions %"] == pytest.approx(100 * (0 + 2 / 4) / 2)
     assert (row["score"], row["training episodes that bought"], row["updates skipped"]) == (25.0, 0.5, 0.5)

@@ -170,32 +170,6 @@ def last_evaluation(folder: Path) -> pd.DataFrame:
     return tested[tested["iteration"] == tested["iteration"].max()]
 
 
-def webshop_behaviour(folders: list[Path]) -> pd.DataFrame:
-    """Notebook 10: per run, how far its last evaluation's test episodes got along search -> product -> buy
-    (shares), their share of invalid actions and mean score; the share of its training episodes that bought
-    something and the share of its iterations whose update was skipped (a group of equal scores, no KL term)."""
-    from empo2.analysis.experiments import metrics
-
-    rows = []
-    for folder in folders:
-        tested = last_evaluation(folder)
-        trained = read_episodes(folder).query("phase == 'train'")
-        per_run = metrics(folder)
-        actions = [[a for a in episode if a] for episode in tested["actions"]]
-        rows.append({
-            "run": folder.name,
-            "searched": np.mean([any(a.startswith("search[") for a in acts) for acts in actions]),
-            "opened a product": np.mean([any(a.startswith("click[b0") for a in acts) for acts in actions]),
-            "bought": np.mean([bought(acts) for acts in actions]),
-            "invalid actions %": 100 * np.mean([1 - len(acts) / max(len(raw), 1)
-                                               for acts, raw in zip(actions, tested["actions"])]),
-            "score": tested["score"].mean(),
-            "training episodes that bought": np.mean([bought(a) for a in trained["actions"]]) if len(trained) else np.nan,
-            "updates skipped": skipped_updates(per_run).mean() if per_run["method"].iloc[0] in ("grpo", "empo2") else np.nan,
-        })
-    return pd.DataFrame(rows).set_index("run")
-
-
 def bought(actions: list[str | None]) -> bool:
     """Whether a WebShop episode's executed actions (None where one was invalid) include buying."""
     return "click[buy now]" in actions
