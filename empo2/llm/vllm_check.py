@@ -71,13 +71,12 @@ def arguments(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     """Sample one corridor group with vLLM (both constraint ways, and free text) from a policy whose LoRA adapter is
-    not zero (as after training), score the samples with the policy itself, and print, per way, the largest log-prob
-    gap over decision tokens, the bound it is held to, and how far the adapter moves those log-probs from the base
-    model's (what a weight sync that did not arrive would show). In float32 the bound is CHECK_FLOAT32_BOUND; in bf16
-    it is twice the largest rounding of the suite's own bf16 paths (the policy's scoring, and its sampler on the same
-    prompt) against a float32 copy of the policy: another bf16 implementation may round as far, the other way.
-    The check passes when every way's gap is within its bound and the adapter's effect stands above
-    twice the bound (so an engine without the adapter could not pass). Needs vllm (on a CPU: `make vllm-check`)."""
+    not zero (as after training), score the samples with the policy itself, and print per way the largest log-prob gap
+    over decision tokens, its bound, and how far the adapter moves those log-probs from the base model's (what a weight
+    sync that did not arrive would show). The bound is CHECK_FLOAT32_BOUND in float32; in bf16, twice the largest
+    rounding of the suite's own bf16 paths (its scoring, and its sampler on the same prompt) against a float32 copy
+    (another bf16 implementation may round as far, the other way). Passes when every gap is within its bound and the
+    adapter's effect stands above twice the bound (an engine without it cannot pass). Needs vllm (`make vllm-check`)."""
     import torch
 
     args = arguments(argv)

@@ -87,17 +87,8 @@ def policy_loss(
     A δ-dropped token still counts in the normalizer: the loss is a token mean over all
     action tokens of the mini-batch, dropped tokens contributing zero (plus their KL term).
 
-    Returns the scalar loss and metrics (python floats), overall and per mode present,
-    e.g. "clip_frac" and "clip_frac/off_policy":
-        tokens          real action tokens
-        masked_frac     fraction of real tokens dropped by δ
-        clip_frac       fraction of kept tokens where the clipped branch is active (pg_loss2 > pg_loss1)
-        dual_clip_frac  fraction of kept tokens where the dual clip is active (A < 0, pg_loss > -A * dual_clip)
-        ratio_mean, ratio_max   over kept tokens
-        approx_kl       mean over kept tokens of 0.5 * (new - old)^2 (old vs new policy)
-        pg_loss         token mean over real tokens of the policy-gradient term
-        kl_ref          token mean over real tokens of the k3 estimate (only with ref_logprobs)
-    Kept tokens are real tokens not dropped by δ; a group with none reports 0.0.
+    Returns the scalar loss and metrics (python floats, listed in `loss_metrics`), overall and per
+    mode present, e.g. "clip_frac" and "clip_frac/off_policy".
     """
     _check_args(new_logprobs, old_logprobs, advantages, token_mask, modes, sequence_ids, ref_logprobs,
                 clip_low, clip_high, dual_clip, delta, delta_mode, kl_beta, normalizer)
@@ -109,11 +100,7 @@ def policy_loss(
 
     logratio = (new - old).clamp(-_MAX_LOGRATIO, _MAX_LOGRATIO)              # (T,)
     ratio = torch.exp(logratio)                                               # (T,)
-    pg_loss1 = -adv * ratio                                                   # (T,)
-    pg_loss2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)     # (T,)
-    clipped_loss = torch.maximum(pg_loss1, pg_loss2)                          # (T,)
-    dual_bound = -adv * dual_clip                                             # (T,)
-    pg_loss = torch.where(adv < 0, torch.minimum(clipped_loss, dual_bound), clipped_loss)   # (T,)
+    pg_loss, clipped, dual_clipped = clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip)   # (T,) each
 
     drop = _delta_drop(new.detach(), modes, mask, sequence_ids, delta, delta_mode)   # (T,)
     keep = (~drop).float()                                                    # (T,)
@@ -131,10 +118,24 @@ def policy_loss(
 
     with torch.no_grad():
         sums = _sums_by_mode(mask, drop, modes, pg_term, kl,
-                             clipped=(pg_loss2 > pg_loss1).float(),                           # (T,)
-                             dual_clipped=((adv < 0) & (clipped_loss > dual_bound)).float(),  # (T,)
+                             clipped=clipped, dual_clipped=dual_clipped,
                              ratio=ratio, half_sq_logratio=0.5 * logratio ** 2)               # (T,) each
     return loss, (sums if return_sums else loss_metrics(sums))
+
+
+def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float,
+                      dual_clip: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token PPO loss with clip-higher and the dual clip, from (T,) ratios and advantages; also
+    (T,) 0/1 floats marking where the clipped branch and where the dual clip are active."""
+    pg_loss1 = -adv * ratio                                                   # (T,)
+    pg_loss2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)     # (T,)
+    clipped_loss = torch.maximum(pg_loss1, pg_loss2)                          # (T,)
+    dual_bound = -adv * dual_clip                                             # (T,)
+    pg_loss = torch.where(adv < 0, torch.minimum(clipped_loss, dual_bound), clipped_loss)   # (T,)
+    with torch.no_grad():
+        clipped = (pg_loss2 > pg_loss1).float()                               # (T,)
+        dual_clipped = ((adv < 0) & (clipped_loss > dual_bound)).float()      # (T,)
+    return pg_loss, clipped, dual_clipped
 
 
 def _sums_by_mode(mask: torch.Tensor, drop: torch.Tensor, modes: torch.Tensor, pg_term: torch.Tensor,
@@ -161,8 +162,16 @@ def _sums_by_mode(mask: torch.Tensor, drop: torch.Tensor, modes: torch.Tensor, p
 
 def loss_metrics(sums: dict[str, torch.Tensor]) -> dict[str, float]:
     """`policy_loss`'s metrics from its sums (those of one process, or summed over processes; "ratio_max"
-    entries take the maximum). Means are over real tokens, or over kept ones where the docstring says so;
-    a mode without tokens is left out."""
+    entries take the maximum); a mode without tokens is left out:
+        tokens          real action tokens
+        masked_frac     fraction of real tokens dropped by δ
+        clip_frac       fraction of kept tokens where the clipped branch is active (pg_loss2 > pg_loss1)
+        dual_clip_frac  fraction of kept tokens where the dual clip is active (A < 0, pg_loss > -A * dual_clip)
+        ratio_mean, ratio_max   over kept tokens
+        approx_kl       mean over kept tokens of 0.5 * (new - old)^2 (old vs new policy)
+        pg_loss         token mean over real tokens of the policy-gradient term
+        kl_ref          token mean over real tokens of the k3 estimate (only with ref_logprobs)
+    Kept tokens are real tokens not dropped by δ; a group with none reports 0.0."""
     values = {}
     for suffix in [""] + ["/" + name for name in MODE_NAMES.values()]:
         real, kept = sums["tokens" + suffix], sums["kept" + suffix]
