@@ -382,7 +382,7 @@ def engine_comparison(args, model, tokenizer, envs, variation) -> None:
               "(episodes differ: another sampler)")
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="power-component")
     parser.add_argument("--group", type=int, default=8)
@@ -402,110 +402,106 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.group, args.steps = 4, 10
-    threads = torch.get_num_threads()
-    bandwidth = read_bandwidth_gb_s()
-    print(f"0. machine: {threads} threads, memory read bandwidth {bandwidth:.1f} GB/s (sum of 512 MB)")
-    print(f"   task {args.task}, group {args.group} x {args.steps} steps, {args.decoding} decoding")
+    return args
 
-    model, tokenizer = load_policy(lora_rank=8)
-    envs = [env_from_config(laptop_config(args)) for _ in range(args.group)]
-    try:
-        variation = envs[0].train_variations[0]
-        if args.engines:
-            engine_comparison(args, model, tokenizer, envs, variation)
-            return
-        ways = {"ragged": {}, "padded": {"cache_layout": "padded"}, "plain": {"cache_layout": "plain"}}
-        if args.with_naive:
-            ways["re-encode"] = {"reuse_cache": False}
-        runs = {name: rollout(model, tokenizer, envs, variation, args, **way) for name, way in ways.items()}
-        episodes, roller, _ = runs["ragged"]
-        print("\n1. rollout generation (environment steps excluded)")
-        print(f"   {'':10s} {'prefilled':>10s} {'computed':>10s} {'model calls':>11s} {'cache read':>11s} "
-              f"{'of it holes':>11s} {'seconds':>8s}")
-        for name, (_, r, _) in runs.items():
-            g = r.last_generator
-            read, real = cache_positions(g)
-            print(f"   {name:10s} {g.prefilled_tokens:10d} {g.computed_tokens:10d} {g.forward_calls:11d} "
-                  f"{read:11d} {1 - real / read:11.0%} {r.timer.generation:8.1f}")
-        base = roller.timer.generation
-        for name, (other, r, _) in runs.items():
-            if name != "ragged":
-                same = sum([t.executed_action for t in a.turns] == [t.executed_action for t in b.turns]
-                           for a, b in zip(episodes, other))
-                gap = max(logprob_gap(a, b) for a, b in zip(episodes, other))
-                print(f"   ragged vs {name}: {r.timer.generation / base:5.2f}x faster; same episodes "
-                      f"{same}/{len(episodes)}; max |log-prob difference| {gap:.3f} (bf16; compared up to the "
-                      f"first different action)")
 
-        print("\n2. one decode step (every row, one new token) over the rollout's cache")
-        trunk_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        layers = runs["ragged"][1].last_generator.cache.layers
-        position_bytes = sum(layer.key_buffer[0, :, 0].numel() * 2 * layer.key_buffer.element_size()
-                             for layer in layers)  # keys and values of one position, all layers
-        steps = {}
-        for name in ways:
-            g = runs[name][1].last_generator
-            read, real = cache_positions(g)
-            bound = (trunk_bytes + real * position_bytes) / (bandwidth * 1e9) * 1000  # what must be read, once
-            steps[name] = ms = decode_step_ms(g)
-            print(f"   {name:8s}: {ms:6.1f} ms at batch {len(g.rows)}, reading {read} cache positions ({real} real); "
-                  f"bound {bound:5.1f} ms (weights {trunk_bytes / 1e6:.0f} MB + real KV "
-                  f"{real * position_bytes / 1e6:.0f} MB); {ms / bound:4.1f}x the bound (goal: within 3x)")
-        print(f"   ragged vs padded: {steps['padded'] / steps['ragged']:.2f}x faster; vs plain: "
-              f"{steps['plain'] / steps['ragged']:.2f}x")
-        levers = decode_levers(model, runs["padded"][1].last_generator)
-        kept = levers.pop("LoRA adapter (kept)")[0]
-        for name, (ms, gap) in levers.items():
-            print(f"   {name}: {ms:6.1f} ms, {kept / ms:4.2f}x faster than the padded LoRA model as kept ({kept:.1f} ms); "
-                  f"max |log-prob difference| {gap:.3f} (tokens of probability >= 1%)")
-        print("   (not kept: the update scores actions with the adapter unmerged, and merging in bf16 then unmerging"
-              "\n    changes the base weights, so each iteration would need a copy of them; eager attention repeats"
-              "\n    the key/value heads)")
-        if args.with_compile:
-            g = runs["ragged"][1].last_generator
-            length = round(cache_positions(g)[1] / len(g.rows))
-            lever = compiled_decode_lever(model, tokenizer, len(g.rows), length)
-            kept = lever["ragged cache (kept)"]
-            print(f"   torch.compile, measured on {len(g.rows)} synthetic prompts of {length} tokens (the rollout's mean):"
-                  f"\n     ragged cache (kept) {kept:6.1f} ms; StaticCache eager {lever['StaticCache, eager']:6.1f} ms; "
-                  f"StaticCache compiled {lever['StaticCache, torch.compile']:6.1f} ms "
-                  f"({lever['StaticCache, eager'] / lever['StaticCache, torch.compile']:.2f}x faster than eager, "
-                  f"{kept / lever['StaticCache, torch.compile']:.2f}x than the ragged cache) after "
-                  f"{lever['compile seconds']:.0f} s of compiling; max |log-prob difference| compiled vs eager "
-                  f"{lever['compiled log-prob gap']:.3f}")
+def report_rollouts(runs: dict) -> None:
+    """Section 1: the rollout's generation in each cache layout, and whether the layouts play the same episodes."""
+    episodes, roller, _ = runs["ragged"]
+    print("\n1. rollout generation (environment steps excluded)")
+    print(f"   {'':10s} {'prefilled':>10s} {'computed':>10s} {'model calls':>11s} {'cache read':>11s} "
+          f"{'of it holes':>11s} {'seconds':>8s}")
+    for name, (_, r, _) in runs.items():
+        g = r.last_generator
+        read, real = cache_positions(g)
+        print(f"   {name:10s} {g.prefilled_tokens:10d} {g.computed_tokens:10d} {g.forward_calls:11d} "
+              f"{read:11d} {1 - real / read:11.0%} {r.timer.generation:8.1f}")
+    base = roller.timer.generation
+    for name, (other, r, _) in runs.items():
+        if name != "ragged":
+            same = sum([t.executed_action for t in a.turns] == [t.executed_action for t in b.turns]
+                       for a, b in zip(episodes, other))
+            gap = max(logprob_gap(a, b) for a, b in zip(episodes, other))
+            print(f"   ragged vs {name}: {r.timer.generation / base:5.2f}x faster; same episodes "
+                  f"{same}/{len(episodes)}; max |log-prob difference| {gap:.3f} (bf16; compared up to the "
+                  f"first different action)")
 
-        print("\n3. environment steps of the group, replaying the rollout's actions")
-        one_by_one = replay_seconds(envs, variation, episodes, parallel=False)
-        together = replay_seconds(envs, variation, episodes, parallel=True)
-        print(f"   one after the other {one_by_one:6.1f} s   at the same time {together:6.1f} s   "
-              f"ratio {one_by_one / together:4.2f}x faster")
 
-        longest = max(episodes, key=lambda e: tokens_processed(e, with_tips=False, packed=True))
-        seconds, attention, backward = update_pass_split(model, longest)
-        tokens = tokens_processed(longest, with_tips=False, packed=True)
-        print("\n4. one packed update pass (forward + backward, tip-free) over the rollout's longest episode")
-        print(f"   {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.0f} tokens/s); attention (sdpa, forward + "
-              f"backward) {attention:.0%} of the CPU time, its backward {backward:.1f}x its forward")
 
-        if args.with_naive:
-            print("\n4b. update log-probs: packed (one pass per episode) vs one pass per turn, forward + backward")
-            model.train()
-            timings = {}
-            for packed in (True, False):
-                tokens = sum(tokens_processed(e, with_tips=False, packed=packed) for e in episodes)
-                start = time.perf_counter()
-                for episode in episodes:
-                    episode_logprobs(model, episode, with_tips=False, packed=packed).sum().backward()
-                model.zero_grad(set_to_none=True)
-                timings[packed] = (tokens, time.perf_counter() - start)
-            (packed_tokens, packed_s), (turn_tokens, turn_s) = timings[True], timings[False]
-            print(f"   tokens {packed_tokens} vs {turn_tokens} ({turn_tokens / packed_tokens:.2f}x fewer); "
-                  f"seconds {packed_s:.1f} vs {turn_s:.1f} ({turn_s / packed_s:.2f}x faster)")
-    finally:
-        for env in envs:
-            env.close()
-    del model
+def report_decode_step(args, model, tokenizer, runs: dict, bandwidth: float) -> None:
+    """Section 2: one decode step over each layout's cache against the memory-bandwidth bound, and the levers not kept."""
+    print("\n2. one decode step (every row, one new token) over the rollout's cache")
+    trunk_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    layers = runs["ragged"][1].last_generator.cache.layers
+    position_bytes = sum(layer.key_buffer[0, :, 0].numel() * 2 * layer.key_buffer.element_size()
+                         for layer in layers)  # keys and values of one position, all layers
+    steps = {}
+    for name in runs:
+        g = runs[name][1].last_generator
+        read, real = cache_positions(g)
+        bound = (trunk_bytes + real * position_bytes) / (bandwidth * 1e9) * 1000  # what must be read, once
+        steps[name] = ms = decode_step_ms(g)
+        print(f"   {name:8s}: {ms:6.1f} ms at batch {len(g.rows)}, reading {read} cache positions ({real} real); "
+              f"bound {bound:5.1f} ms (weights {trunk_bytes / 1e6:.0f} MB + real KV "
+              f"{real * position_bytes / 1e6:.0f} MB); {ms / bound:4.1f}x the bound (goal: within 3x)")
+    print(f"   ragged vs padded: {steps['padded'] / steps['ragged']:.2f}x faster; vs plain: "
+          f"{steps['plain'] / steps['ragged']:.2f}x")
+    levers = decode_levers(model, runs["padded"][1].last_generator)
+    kept = levers.pop("LoRA adapter (kept)")[0]
+    for name, (ms, gap) in levers.items():
+        print(f"   {name}: {ms:6.1f} ms, {kept / ms:4.2f}x faster than the padded LoRA model as kept ({kept:.1f} ms); "
+              f"max |log-prob difference| {gap:.3f} (tokens of probability >= 1%)")
+    print("   (not kept: the update scores actions with the adapter unmerged, and merging in bf16 then unmerging"
+          "\n    changes the base weights, so each iteration would need a copy of them; eager attention repeats"
+          "\n    the key/value heads)")
+    if args.with_compile:
+        g = runs["ragged"][1].last_generator
+        length = round(cache_positions(g)[1] / len(g.rows))
+        lever = compiled_decode_lever(model, tokenizer, len(g.rows), length)
+        kept = lever["ragged cache (kept)"]
+        print(f"   torch.compile, measured on {len(g.rows)} synthetic prompts of {length} tokens (the rollout's mean):"
+              f"\n     ragged cache (kept) {kept:6.1f} ms; StaticCache eager {lever['StaticCache, eager']:6.1f} ms; "
+              f"StaticCache compiled {lever['StaticCache, torch.compile']:6.1f} ms "
+              f"({lever['StaticCache, eager'] / lever['StaticCache, torch.compile']:.2f}x faster than eager, "
+              f"{kept / lever['StaticCache, torch.compile']:.2f}x than the ragged cache) after "
+              f"{lever['compile seconds']:.0f} s of compiling; max |log-prob difference| compiled vs eager "
+              f"{lever['compiled log-prob gap']:.3f}")
 
+
+
+def report_environment_and_update(args, model, envs, variation, episodes) -> None:
+    """Sections 3 and 4: the group's environment steps one by one vs at once; one packed update pass."""
+    print("\n3. environment steps of the group, replaying the rollout's actions")
+    one_by_one = replay_seconds(envs, variation, episodes, parallel=False)
+    together = replay_seconds(envs, variation, episodes, parallel=True)
+    print(f"   one after the other {one_by_one:6.1f} s   at the same time {together:6.1f} s   "
+          f"ratio {one_by_one / together:4.2f}x faster")
+
+    longest = max(episodes, key=lambda e: tokens_processed(e, with_tips=False, packed=True))
+    seconds, attention, backward = update_pass_split(model, longest)
+    tokens = tokens_processed(longest, with_tips=False, packed=True)
+    print("\n4. one packed update pass (forward + backward, tip-free) over the rollout's longest episode")
+    print(f"   {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.0f} tokens/s); attention (sdpa, forward + "
+          f"backward) {attention:.0%} of the CPU time, its backward {backward:.1f}x its forward")
+
+    if args.with_naive:
+        print("\n4b. update log-probs: packed (one pass per episode) vs one pass per turn, forward + backward")
+        model.train()
+        timings = {}
+        for packed in (True, False):
+            tokens = sum(tokens_processed(e, with_tips=False, packed=packed) for e in episodes)
+            start = time.perf_counter()
+            for episode in episodes:
+                episode_logprobs(model, episode, with_tips=False, packed=packed).sum().backward()
+            model.zero_grad(set_to_none=True)
+            timings[packed] = (tokens, time.perf_counter() - start)
+        (packed_tokens, packed_s), (turn_tokens, turn_s) = timings[True], timings[False]
+        print(f"   tokens {packed_tokens} vs {turn_tokens} ({turn_tokens / packed_tokens:.2f}x fewer); "
+              f"seconds {packed_s:.1f} vs {turn_s:.1f} ({turn_s / packed_s:.2f}x faster)")
+
+
+def report_iterations(args) -> None:
+    """Section 5: whole EMPO2 and GRPO iterations through the trainer."""
     print("\n5. whole iterations through the trainer (laptop profile, p = 0.5 for EMPO2; the second iteration)")
     # The laptop profile shows each retrieved tip once per episode (repeat_tips=False).
     results = {"EMPO2": iteration(args, "empo2"), "GRPO": iteration(args, "grpo")}
@@ -542,6 +538,34 @@ def main() -> None:
     print("   (two trainers never play the same episodes: ScienceWorld lists a room's objects in an order that changes"
           "\n    between resets, so the comparisons of ways above are made on the same episodes, not across trainers)")
 
+
+
+def main() -> None:
+    args = arguments()
+    threads = torch.get_num_threads()
+    bandwidth = read_bandwidth_gb_s()
+    print(f"0. machine: {threads} threads, memory read bandwidth {bandwidth:.1f} GB/s (sum of 512 MB)")
+    print(f"   task {args.task}, group {args.group} x {args.steps} steps, {args.decoding} decoding")
+
+    model, tokenizer = load_policy(lora_rank=8)
+    envs = [env_from_config(laptop_config(args)) for _ in range(args.group)]
+    try:
+        variation = envs[0].train_variations[0]
+        if args.engines:
+            engine_comparison(args, model, tokenizer, envs, variation)
+            return
+        ways = {"ragged": {}, "padded": {"cache_layout": "padded"}, "plain": {"cache_layout": "plain"}}
+        if args.with_naive:
+            ways["re-encode"] = {"reuse_cache": False}
+        runs = {name: rollout(model, tokenizer, envs, variation, args, **way) for name, way in ways.items()}
+        report_rollouts(runs)
+        report_decode_step(args, model, tokenizer, runs, bandwidth)
+        report_environment_and_update(args, model, envs, variation, runs["ragged"][0])
+    finally:
+        for env in envs:
+            env.close()
+    del model
+    report_iterations(args)
 
 if __name__ == "__main__":
     main()

@@ -181,6 +181,43 @@ def our_walk(constraint, ids: list[int], vocab: int, sets: list | None = None) -
     assert cursor.done and mask.shape == (1, vocab)
 
 
+def compare_allowed_sets(lib, constraint, actions, sampled, tokenizer, count: list[int], examples: dict) -> None:
+    """Walk each sampled action through our constraint and the library's matcher, counting positions where the
+    allowed token sets are equal and where ours is a subset (`count`: equal, subset, positions); the first
+    difference per library goes into `examples`."""
+    vocab = len(tokenizer)
+    for ids in sampled:
+        ours_sets, lib_sets = [], []
+        our_walk(constraint, ids, vocab, ours_sets)
+        lib.walk(lib.build(actions), ids, lib_sets)
+        for position, (a, b) in enumerate(zip(ours_sets, lib_sets)):
+            count[0] += a == b
+            count[1] += a <= b
+            count[2] += 1
+            if a != b and lib.name not in examples:
+                text = tokenizer.decode(ids[:position])
+                extra = sorted(b - a)[:4]
+                examples[lib.name] = (f"after {text!r}: ours {len(a)} tokens, {lib.name} {len(b)} "
+                                      f"(also e.g. {tokenizer.convert_ids_to_tokens(extra)})"
+                                      + (f", ours not in it: {sorted(a - b)}" if a - b else ""))
+
+
+def print_summary(ratios: dict[str, list[float]], agreement: dict[str, list[int]], examples: dict[str, str]) -> None:
+    """The allowed-set agreement per library and the verdict: who is cheaper per step (geometric mean)."""
+    print("\nms per state-list build and per token (mask over the vocab + advance); step ratio = library "
+          "(build + avg-length action) / ours, with our token cache warm / cold")
+    for name, (equal, subset, total) in agreement.items():
+        print(f"allowed sets vs {name}: equal at {equal}/{total} positions, ours a subset at {subset}/{total}"
+              + (f"; first difference {examples[name]}" if name in examples else ""))
+    verdicts = []
+    for name, values in ratios.items():
+        geomean = statistics.geometric_mean(values)
+        who = "our trie" if geomean > 1 else name
+        verdicts.append(f"{who} is {max(geomean, 1 / geomean):.1f}x cheaper per step than "
+                        f"{'ours' if geomean <= 1 else name} (geomean; {min(values):.1f}-{max(values):.1f}x)")
+    print("verdict: " + "; ".join(verdicts) + " (our token cache warm)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["power-component", "chemistry-mix", "find-animal"])
@@ -243,36 +280,10 @@ def main() -> None:
             ratios[lib.name].append(step / ours_step_warm)
             row += (f" | {build:>16.2f} {per_tok:>6.3f} "
                     f"{step / ours_step_warm:>7.1f} /{step / ours_step_cold:>6.1f}")
-            for ids in sampled[:4]:  # allowed sets, position by position
-                ours_sets, lib_sets = [], []
-                our_walk(constraint, ids, vocab, ours_sets)
-                lib.walk(lib.build(actions), ids, lib_sets)
-                count = agreement[lib.name]
-                for position, (a, b) in enumerate(zip(ours_sets, lib_sets)):
-                    count[0] += a == b
-                    count[1] += a <= b
-                    count[2] += 1
-                    if a != b and lib.name not in examples:
-                        text = tokenizer.decode(ids[:position])
-                        extra = sorted(b - a)[:4]
-                        examples[lib.name] = (f"after {text!r}: ours {len(a)} tokens, {lib.name} {len(b)} "
-                                              f"(also e.g. {tokenizer.convert_ids_to_tokens(extra)})"
-                                              + (f", ours not in it: {sorted(a - b)}" if a - b else ""))
+            compare_allowed_sets(lib, constraint, actions, sampled[:4], tokenizer, agreement[lib.name], examples)
         print(row)
 
-    print("\nms per state-list build and per token (mask over the vocab + advance); step ratio = library "
-          "(build + avg-length action) / ours, with our token cache warm / cold")
-    for lib in libraries:
-        equal, subset, total = agreement[lib.name]
-        print(f"allowed sets vs {lib.name}: equal at {equal}/{total} positions, ours a subset at {subset}/{total}"
-              + (f"; first difference {examples[lib.name]}" if lib.name in examples else ""))
-    verdicts = []
-    for name, values in ratios.items():
-        geomean = statistics.geometric_mean(values)
-        who = "our trie" if geomean > 1 else name
-        verdicts.append(f"{who} is {max(geomean, 1 / geomean):.1f}x cheaper per step than "
-                        f"{'ours' if geomean <= 1 else name} (geomean; {min(values):.1f}-{max(values):.1f}x)")
-    print("verdict: " + "; ".join(verdicts) + " (our token cache warm)")
+    print_summary(ratios, agreement, examples)
     fill = median_ms(lambda _: torch.full((1, vocab), float("-inf")), repeats=51)  # (1, V), a few µs when quiet
     if fill > 0.5:
         print(f"note: a (1, {vocab}) torch.full took {fill:.1f} ms: another process holds a core and "
