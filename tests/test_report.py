@@ -27,11 +27,14 @@ def test_index_lists_every_committed_run_with_its_commit_and_interval():
 def test_claims_table_between_the_readme_markers_is_replaced_and_the_rest_kept(tmp_path):
     shutil.copytree(ROOT / "results" / "ci", tmp_path / "results" / "ci")
     readme = tmp_path / "README.md"
-    readme.write_text(f"# before\n{report.CLAIMS_START}\nstale\n{report.CLAIMS_END}\n# after\n")
+    readme.write_text(f"# before\n{report.CLAIMS_START}\nstale\n{report.CLAIMS_END}\n# between\n"
+                      f"{report.BUDGETS_START}\nstale too\n{report.BUDGETS_END}\n# after\n")
     report.write(tmp_path / "results", readme=readme)
     text = readme.read_text()
     assert text.startswith("# before\n") and text.endswith("# after\n") and "stale" not in text
-    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| claim")]
+    claims_block, budgets_block = text.split("# between\n")
+    assert budgets_block.count("| `ci` |") == 3  # ScienceWorld, CoinCollector, WebShop; no laptop runs copied
+    rows = [line for line in claims_block.splitlines() if line.startswith("| ") and not line.startswith("| claim")]
     assert len(rows) == len(report.claims(tmp_path / "results", "laptop"))
     assert all(row.rstrip(" |").split("| ")[-1].strip() in ALLOWED_VERDICTS for row in rows)
     index = (tmp_path / "results" / "README.md").read_text()
@@ -55,4 +58,6 @@ def test_the_committed_index_and_claims_table_are_current():
     readme = (ROOT / "README.md").read_text()
     table = readme.split(report.CLAIMS_START)[1].split(report.CLAIMS_END)[0].strip()
     assert table == report.claims_markdown(report.claims(ROOT / "results", "laptop"))
+    budgets = readme.split(report.BUDGETS_START)[1].split(report.BUDGETS_END)[0].strip()
+    assert budgets == report.budgets_markdown(ROOT / "results")
     assert report.RESULTS_DOCUMENT.read_text() == takeaways.document(ROOT / "results")
