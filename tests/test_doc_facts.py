@@ -9,7 +9,7 @@ import re
 import pytest
 
 from empo2 import ROOT
-from empo2.analysis import experiments, report
+from empo2.analysis import report
 from empo2.config import EMPO2Config
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -39,16 +39,6 @@ def number(word: str) -> int | None:
     return int(word) if word.isdigit() else NUMBERS.get(word.lower())
 
 
-def committed_runs(profile: str) -> list[tuple[dict, float]]:
-    """(config, minutes) of every finished committed training run of `profile` (Naive only evaluates)."""
-    runs = []
-    for folder in report.run_folders(ROOT / "results", profile):
-        cfg = json.loads((folder / "config.json").read_text())["config"]
-        if cfg["method"] != "naive" and (folder / "summary.json").exists():
-            runs.append((cfg, experiments.run_minutes(folder)))
-    return runs
-
-
 def test_every_stated_count_of_all_the_notebooks_is_the_number_there_are():
     patterns = [r"\ball (\w+) notebooks\b", r"^(\w+) notebooks, one per\b", r"^\| all (\w+) \|"]
     stated = [(name, match.group(0), number(match.group(1)))
@@ -61,7 +51,8 @@ def test_every_stated_count_of_all_the_notebooks_is_the_number_there_are():
 
 @pytest.mark.parametrize("profile", ["ci", "laptop"])
 def test_iterations_stated_for_a_profile_are_its_default_or_those_of_committed_runs(profile):
-    allowed = {EMPO2Config.from_profile(profile).iterations} | {cfg["iterations"] for cfg, _ in committed_runs(profile)}
+    runs = report.trained_runs(ROOT / "results", profile)
+    allowed = {EMPO2Config.from_profile(profile).iterations} | {cfg["iterations"] for cfg, _ in runs}
     other = {"ci": "laptop", "laptop": "ci"}[profile]
     wrong = []
     for name, text in documents().items():
@@ -74,7 +65,7 @@ def test_iterations_stated_for_a_profile_are_its_default_or_those_of_committed_r
 
 def test_a_stated_laptop_run_time_covers_what_the_committed_runs_took():
     """A range of minutes a `laptop` run takes holds every committed run's (of the budget the sentence names)."""
-    runs = committed_runs("laptop")
+    runs = report.trained_runs(ROOT / "results", "laptop")
     wrong = []
     for name, text in documents().items():
         for sentence in sentences(text):
@@ -112,9 +103,9 @@ def test_a_notebooks_stated_replay_time_agrees_with_the_guides_measured_one():
         if len(cells) == 5 and cells[0].startswith("`") and cells[4] not in ("—", ""):
             measured[cells[0].strip("`")] = seconds(cells[4].split("(")[0])
     assert "03_importance_ratios" in measured
-    wrong = []
+    texts, wrong = documents(), []
     for path in NOTEBOOKS:
-        for sentence in sentences(documents()[path.name]):
+        for sentence in sentences(texts[path.name]):
             if path.stem in measured and re.search(r"takes? .*at the `laptop` profile", sentence):
                 stated = seconds(sentence.split("at the `laptop` profile")[0])
                 low, high = min(measured[path.stem]), max(measured[path.stem])

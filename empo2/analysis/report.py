@@ -225,20 +225,27 @@ def budgets_markdown(results_dir: Path, profiles: tuple[str, ...] = ("ci", "lapt
     lines = ["| profile | game | one training run | committed runs | minutes a run (fewest–most) |", "|---|---|---|---|---|"]
     for profile in profiles:
         runs = {}
-        for folder in run_folders(results_dir, profile):
-            cfg = json.loads((folder / "config.json").read_text())["config"]
-            if cfg["method"] == "naive" or not (folder / "summary.json").exists():
-                continue
+        for cfg, minutes in trained_runs(results_dir, profile):
             game = games.get(cfg["env"], cfg["env"]) + ("" if cfg["env"] == "webshop" else f" `{cfg['task']}`")
             size = (f"{cfg['iterations']} iterations × {cfg['groups_per_iteration'] * cfg['group_size']} episodes of "
                     f"≤ {cfg['max_steps']} steps")
-            by_method = runs.setdefault((game, cfg["iterations"], size), {})
-            by_method.setdefault(METHODS[cfg["method"]], []).append(experiments.run_minutes(folder))
+            by_method = runs.setdefault((game, cfg["iterations"], size), {})  # iterations: sorted as numbers
+            by_method.setdefault(METHODS[cfg["method"]], []).append(minutes)
         for (game, _, size), by_method in sorted(runs.items()):
             count = sum(len(m) for m in by_method.values())
             spans = [f"{method} {_span(minutes)}" for method, minutes in sorted(by_method.items())]
             lines.append(f"| `{profile}` | {game} | {size} | {count} | {'; '.join(spans)} |")
     return "\n".join(lines)
+
+
+def trained_runs(results_dir: Path, profile: str) -> list[tuple[dict, float]]:
+    """(config, minutes by its own clock) of every finished training run of `profile` (Naive only evaluates)."""
+    runs = []
+    for folder in run_folders(results_dir, profile):
+        cfg = json.loads((folder / "config.json").read_text())["config"]
+        if cfg["method"] != "naive" and (folder / "summary.json").exists():
+            runs.append((cfg, experiments.run_minutes(folder)))
+    return runs
 
 
 def _span(minutes: list[float]) -> str:
