@@ -78,8 +78,9 @@ def _spread(means: np.ndarray, noise: np.ndarray) -> np.ndarray:
     """The sample variance of seed means (..., seeds), or where the seeds agree exactly (discrete scores can)
     and so show no spread, the noise their episodes put into a mean (`noise`, (..., seeds)): an interval of
     zero width is left to scores that are all equal. (...,)"""
-    spread = means.var(axis=-1, ddof=1)
-    return np.where(spread > 0, spread, noise.mean(axis=-1))
+    # Equality, not a zero variance: the variance of equal floats such as [0.2, 0.2, 0.2] can be 1e-33.
+    agree = (means == means[..., :1]).all(axis=-1)
+    return np.where(agree, noise.mean(axis=-1), means.var(axis=-1, ddof=1))
 
 
 def _episode_variance(scores: np.ndarray) -> float:

@@ -111,3 +111,18 @@ def test_a_notebooks_stated_replay_time_agrees_with_the_guides_measured_one():
                 low, high = min(measured[path.stem]), max(measured[path.stem])
                 wrong += [(path.name, sentence[:160]) for s in stated if not low / 2 <= s <= high * 2]
     assert not wrong, f"the guide measured {measured}, but: {wrong}"
+
+
+def test_the_workshop_agenda_fits_a_half_day_and_each_block_starts_when_the_last_ends():
+    guide = (ROOT / "notebooks" / "README.md").read_text()
+    agenda = guide[guide.index("## Agenda"):].split("\n## ")[0]
+    blocks = [[c.strip() for c in row.strip("|").split("|")] for row in agenda.splitlines()
+              if re.match(r"\| \d:\d\d \|", row)]
+    assert len(blocks) >= 5, "no agenda table found"
+    clock = 0
+    for start, minutes, *rest in blocks:
+        hours, mins = map(int, start.split(":"))
+        assert hours * 60 + mins == clock, f"the block {rest[0]!r} starts at {start}, the one before ends at {clock}"
+        clock += int(minutes)
+    assert clock <= 210, f"the agenda takes {clock} minutes, more than 3½ hours"
+    assert re.search(rf"\({clock // 60}½ hours|\({clock / 60:g} hours", agenda), "the heading's total disagrees"

@@ -329,22 +329,25 @@ def training_curve(folders: list[Path], window: int = 1, phase: str = "train", t
 def plot_variants(folders: dict[str, list[Path]], title: str, name: str, results_dir: str = "results") -> None:
     """Training score against iteration, and the tip-free test score, each the mean over a variant's runs with
     its 95% interval (over the runs' means), one colour per variant; saved as a figure. When each run was
-    evaluated once (at its end), the test panel shows one point per variant instead of lines."""
+    evaluated once (at its end), the test panel shows one point per variant instead of lines. Variants that
+    score alike are drawn with markers of decreasing size, so that none hides another, and each score axis
+    spans at least `MIN_SCORE_SPAN` points, so that a difference of one episode does not fill the panel."""
     import matplotlib.pyplot as plt
-
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
     tested = {label: training_curve(runs, phase="eval") for label, runs in folders.items()}
     once = all(len(curve) <= 1 for curve in tested.values())
+    markers = "osD^v<>p"
     for i, (label, runs) in enumerate(folders.items()):
+        style = dict(color=f"C{i}", marker=markers[i % len(markers)], markersize=max(3, 9 - 1.5 * i), label=label)
         trained = training_curve(runs)
-        axes[0].plot(trained.index, trained["score"], marker=".", label=label, color=f"C{i}")
+        axes[0].plot(trained.index, trained["score"], linestyle=("-", "--", ":", "-.")[i % 4], **style)
         if len(runs) > 1:
             axes[0].fill_between(trained.index, trained["95% low"], trained["95% high"], color=f"C{i}", alpha=0.15)
         curve = tested[label]
         yerr = [curve["score"] - curve["95% low"], curve["95% high"] - curve["score"]]
         x = [i] * len(curve) if once else curve.index
-        axes[1].errorbar(x, curve["score"], yerr=yerr, marker="o", capsize=3, label=label, color=f"C{i}")
+        axes[1].errorbar(x, curve["score"], yerr=yerr, capsize=3, **style)
     axes[0].set(xlabel="iteration", ylabel="training episode score")
     axes[0].legend(fontsize=7)
     if once:
@@ -353,8 +356,17 @@ def plot_variants(folders: dict[str, list[Path]], title: str, name: str, results
     else:
         axes[1].set(xlabel="iteration", ylabel="test score, 95% interval (no memory)")
         axes[1].legend(fontsize=7)
+    for ax in axes:
+        low, high = ax.get_ylim()
+        middle, span = (low + high) / 2, max(high - low, MIN_SCORE_SPAN)
+        ax.set_ylim(middle - span / 2, middle + span / 2)
+        ax.axhline(0, color="grey", lw=0.5)
     fig.suptitle(title)
     save_figure(fig, name, results_dir)
+
+
+MIN_SCORE_SPAN = 20
+"""The least range of a variant figure's score axes (ScienceWorld scores run from −100 to 100)."""
 
 
 def enter_project_root() -> Path:
