@@ -143,4 +143,4 @@ def signal_in_committed_runs(folders_by_method: dict[str, list[Path]], iteration
             first = metrics(folder).dropna(subset=["time/iteration"]).head(iterations)
             seed = f"seed {Path(folder).name.rsplit('seed', 1)[1]}"
             counts.setdefault(label, {})[seed] = int((1 - skipped_updates(first)).sum())
-    return pd.DataFrame(counts).T.rename_axis(f"iterations with a learning signal, of the first {iterations}")
+    return pd.DataFrame(counts).T.rename_axis(f"signal in the first {iterations}")
