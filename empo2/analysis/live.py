@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from empo2.config import EMPO2Config
@@ -64,13 +63,13 @@ def side_by_side(cfg: EMPO2Config, iterations: int, *, show=print, show_progress
             for method, trainer in trainers.items():
                 bar.set_postfix_str(f"{LABELS[method]} iteration {iteration}")
                 started = time.perf_counter()
-                trainer.train(stop_after=1)
+                # One iteration, without `train()`'s checkpoint and evaluation: the folder is thrown away.
+                metrics = trainer.train_iteration()
                 episodes = [r for r in read_rows(Path(trainer.run_dir) / "episodes.jsonl")
                             if r["phase"] == "train" and r["iteration"] == iteration]
                 row = {"method": method, "iteration": iteration,
                        "scores": [r["score"] for r in episodes], "novelty": [r["intrinsic"] for r in episodes],
-                       "signal": any(r["advantage"] != 0 for r in episodes),
-                       "score": float(np.mean([r["score"] for r in episodes])),
+                       "signal": metrics["train/groups_with_signal"] > 0, "score": metrics["train/score"],
                        "seconds": round(time.perf_counter() - started, 1)}
                 rows.append(row)
                 bar.update(1)
@@ -141,6 +140,5 @@ def signal_in_committed_runs(folders_by_method: dict[str, list[Path]], iteration
     for label, folders in folders_by_method.items():
         for folder in folders:
             first = metrics(folder).dropna(subset=["time/iteration"]).head(iterations)
-            seed = f"seed {Path(folder).name.rsplit('seed', 1)[1]}"
-            counts.setdefault(label, {})[seed] = int((1 - skipped_updates(first)).sum())
+            counts.setdefault(label, {})[f"seed {first['seed'].iloc[0]}"] = int((1 - skipped_updates(first)).sum())
     return pd.DataFrame(counts).T.rename_axis(f"signal in the first {iterations}")
