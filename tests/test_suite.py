@@ -71,7 +71,7 @@ def test_the_coin_studys_contrasts_find_known_differences():
     little noise, p < 0.05; an arm with fewer than 2 seeds leaves its contrasts waiting."""
     import numpy as np
 
-    from empo2.analysis import takeaways
+    from empo2.analysis import study
 
     rng = np.random.default_rng(0)
     means = {"EMPO²": 60, "GRPO": 44, "GRPO with the novelty bonus": 50, "EMPO² without the novelty bonus": 54}
@@ -79,7 +79,7 @@ def test_the_coin_studys_contrasts_find_known_differences():
     test = {label: [np.full(200, float(m)) + rng.normal(0, 1, 200) for _ in range(seeds[label])]
             for label, m in means.items()}
     test["q = 0 (no off-policy updates)"] = [np.full(200, 60.0)]  # one seed: waiting
-    table = takeaways.study_contrasts({"test": test, "entropy": {}})
+    table = study.contrasts({"test": test, "entropy": {}})
     expected = {"EMPO² − GRPO (primary)": 16, "memory, main effect": 10, "novelty bonus, main effect": 6,
                 "memory × novelty, interaction": 0}
     for name, value in expected.items():

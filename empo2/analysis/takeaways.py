@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from empo2 import paper
-from empo2.analysis import experiments, suite
+from empo2.analysis import experiments, study, suite
 from empo2.episode import MODE_NAMES, failed
 from empo2.stats import bootstrap_interval, p_text, permutation_p, seed_difference, seed_interval, verdict
 
@@ -248,22 +248,53 @@ def variants(configs: dict[str, list], compared: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+SCIENCEWORLD_EXAMPLE = ("- **ScienceWorld power-component, 10 iterations, one seed a variant** (the lines below): kept as "
+                        "an example of a budget too small to tell variants apart; the study above is where they can.")
+
+
+def study_lines(notebook: str, profile: str, results_dir: str = "results") -> str:
+    """The CoinCollector study's planned contrasts that a notebook leads with (`study.IN_NOTEBOOK`), one line
+    each: its estimate, interval, p and verdict, or the seeds it waits for."""
+    arms, names = study.IN_NOTEBOOK[notebook]
+    table = study.contrasts(study.measures(profile, results_dir), list(names))
+    planned = {label: len(configs) for label, configs in suite.coin_study(profile, results_dir).items()}
+    lines = []
+    for name, r in table.iterrows():
+        weights = next(c.weights for c in suite.COIN_STUDY_CONTRASTS if c.name == name)
+        of = " / ".join(str(planned[label]) for label in weights)
+        if np.isnan(r["estimate"]):
+            lines.append(f"- **CoinCollector study, {name}** (planned; {study.unit(name)}): waiting for runs, "
+                         f"seeds an arm {r['seeds']} of {of}.")
+        else:
+            digits = 3 if r["measure"] == "entropy" else 1
+            lines.append(f"- **CoinCollector study, {name}** (planned; {study.unit(name)}, seeds an arm "
+                         f"{r['seeds']} of {of}): "
+                         f"{interval(r['estimate'], r['95% low'], r['95% high'], signed=True, digits=digits)}, "
+                         f"{p_text(r['p'])}, {r['verdict']} (the paper: {r['paper']}).")
+    return "\n".join(lines)
+
+
 def mode_ablation(profile: str, results_dir: str = "results") -> str:
-    """Notebook 06: full EMPO² against either update mode left out."""
+    """Notebook 06: the study's update-mode contrasts, then the 10-iteration ScienceWorld runs (full EMPO²
+    against either update mode left out)."""
     full = "EMPO2 (full)"
-    return variants(suite.mode_ablation(profile, results_dir),
-                    [(full, "without off-policy"), (full, "without on-policy with memory")])
+    return study_lines("06", profile, results_dir) + "\n" + SCIENCEWORLD_EXAMPLE + "\n" + variants(
+        suite.mode_ablation(profile, results_dir), [(full, "without off-policy"), (full, "without on-policy with memory")])
 
 
 def pq_sweep(profile: str, results_dir: str = "results") -> str:
-    """Notebook 07: the sweeps over p and q, with the paper's claim p = 0.25 above p = 0.1."""
-    return variants(suite.pq_sweep(profile, results_dir), [("p=0.25", "p=0.1")])
+    """Notebook 07: the study's p and q contrasts, then the 10-iteration ScienceWorld sweeps, with the paper's
+    claim p = 0.25 above p = 0.1."""
+    return "\n".join([study_lines("07", profile, results_dir), SCIENCEWORLD_EXAMPLE,
+                      variants(suite.pq_sweep(profile, results_dir), [("p=0.25", "p=0.1")])])
 
 
 def intrinsic_sweep(profile: str, results_dir: str = "results") -> str:
-    """Notebook 08: the novelty reward's weight, with the claim 1x above none, and the intrinsic return it paid."""
+    """Notebook 08: the study's memory × novelty contrasts, then the 10-iteration ScienceWorld sweep of the
+    novelty reward's weight, with the claim 1x above none, and the intrinsic return it paid."""
     configs = suite.intrinsic_sweep(profile, results_dir)
-    text = variants(configs, [("1.0x", "none")])
+    text = "\n".join([study_lines("08", profile, results_dir), SCIENCEWORLD_EXAMPLE,
+                      variants(configs, [("1.0x", "none")])])
     by_label = _finished_variants(configs)
     if by_label is None:
         return text
@@ -608,56 +639,14 @@ def _coin_follow_ups(profile: str, results_dir: str, configs: list, folders: lis
 
 
 # ------------------------------------------------------------------------------------------ the CoinCollector study
-ENTROPY_ITERATIONS = 20
-"""The `entropy` measure of the study: the last this many iterations' `train/entropy/plain`."""
-
-
-def study_measures(profile: str, results_dir: str = "results") -> dict[str, dict[str, list[np.ndarray]]]:
-    """The study's measures of its finished, tested runs, by measure and arm: "test", each run's scores on the
-    study's held-out games (`suite.coin_study_tests`); "entropy", each run's tip-free decision entropy over its last
-    `ENTROPY_ITERATIONS` iterations (one value an iteration). Runs not finished or not yet tested are left out."""
-    measures = {"test": {}, "entropy": {}}
-    for label, tests in suite.coin_study_tests(profile, results_dir).items():
-        runs = [(cfg, experiments.saved_retest(cfg)) for cfg in tests]
-        tested = [(cfg, folder) for cfg, folder in runs if folder is not None]
-        measures["test"][label] = [experiments.final_test_scores(folder) for _, folder in tested]
-        rows = [experiments.read_jsonl(cfg.run_dir / "metrics.jsonl") for cfg, _ in tested]
-        measures["entropy"][label] = [frame["train/entropy/plain"].dropna().to_numpy()[-ENTROPY_ITERATIONS:]
-                                      for frame in rows if "train/entropy/plain" in frame]
-    return measures
-
-
-def study_contrasts(measures: dict[str, dict[str, list[np.ndarray]]]) -> pd.DataFrame:
-    """Each planned contrast (`suite.COIN_STUDY_CONTRASTS`) of the measures given (`study_measures`): its estimate,
-    95% t-interval, permutation p and verdict, or how many runs it still waits for (every arm needs 2)."""
-    from empo2.stats import contrast, contrast_p
-
-    rows = []
-    for c in suite.COIN_STUDY_CONTRASTS:
-        arms = [measures[c.measure].get(label, []) for label in c.weights]
-        row = {"contrast": c.name, "measure": c.measure, "paper": c.paper or "no direction",
-               "seeds": " / ".join(str(len(arm)) for arm in arms)}
-        if min(len(arm) for arm in arms) < 2:
-            rows.append(row | {"estimate": np.nan, "95% low": np.nan, "95% high": np.nan, "p": np.nan,
-                               "verdict": "waiting for runs"})
-            continue
-        labels = list(c.weights)
-        strata = [[labels.index(label) for label in stratum] for stratum in c.strata] or None
-        estimate, low, high = contrast(arms, list(c.weights.values()))
-        p = contrast_p(arms, list(c.weights.values()), strata)
-        rows.append(row | {"estimate": estimate, "95% low": low, "95% high": high, "p": p,
-                           "verdict": verdict(low, high, p, claim=bool(c.paper))})
-    return pd.DataFrame(rows).set_index("contrast")
-
-
 def coin_study(profile: str, results_dir: str = "results") -> str:
     """The CoinCollector study: its plan, which runs are in, and each planned contrast with what it shows."""
     tests = suite.coin_study_tests(profile, results_dir)
-    measures = study_measures(profile, results_dir)
+    measures = study.measures(profile, results_dir)
     progress = "; ".join(f"{label} {len(measures['test'][label])} of {len(configs)}" for label, configs in tests.items())
     lines = [suite.coin_study_plan(profile), "", f"**Runs in, trained and tested** (of those planned): {progress}.", ""]
-    table = study_contrasts(measures)
-    lines += ["| planned contrast | seeds a arm | estimate [95%] | p | verdict |", "|---|---|---|---|---|"]
+    table = study.contrasts(measures)
+    lines += ["| planned contrast | seeds an arm | estimate [95%] | p | verdict |", "|---|---|---|---|---|"]
     for name, r in table.iterrows():
         shown = "—" if np.isnan(r["estimate"]) else interval(r["estimate"], r["95% low"], r["95% high"], signed=True)
         lines.append(f"| {name} | {r['seeds']} | {shown} | {p_text(r['p']) or '—'} | {r['verdict']} |")

@@ -1,0 +1,86 @@
+"""The CoinCollector study's views (`empo2.analysis.study`) read its committed runs as they are, draw every planned
+contrast, and the claims table takes each contrast as planned."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from empo2.analysis import experiments, report, study, suite
+from empo2.analysis.notebooks import ROOT
+
+
+def _handmade_measures(seeds: int = 5) -> dict:
+    """Every arm with `seeds` seeds of 200 games around a known mean (EMPO² 60, each other arm lower), and an
+    entropy per iteration around a known level: the contrasts' true values are known."""
+    rng = np.random.default_rng(1)
+    means = {arm.label: 60.0 - 2 * i for i, arm in enumerate(suite.COIN_STUDY_ARMS)}
+    test = {label: [np.full(200, m) + rng.normal(0, 2, 200) for _ in range(seeds)] for label, m in means.items()}
+    entropy = {label: [np.full(20, 0.4) + rng.normal(0, 0.01, 20) for _ in range(seeds)] for label in means}
+    return {"test": test, "entropy": entropy}
+
+
+@pytest.fixture
+def study_copy(tmp_path):
+    """A results folder holding a copy of the committed laptop study runs (figures go there, not into results/)."""
+    source = ROOT / "results" / "laptop" / "coin-study"
+    shutil.copytree(source, tmp_path / "laptop" / "coin-study", ignore=shutil.ignore_patterns(".*"))
+    return tmp_path
+
+
+def test_the_arm_table_counts_the_committed_runs_and_scores_their_tests(study_copy):
+    runs = study.tested_runs("laptop", str(study_copy))
+    assert sum(len(r) for r in runs.values()) == sum(
+        1 for folder in (study_copy / "laptop" / "coin-study").iterdir() if (folder / "summary.json").exists())
+    labels = [arm.label for arm in suite.COIN_STUDY_ARMS]
+    table = study.arm_table(labels, "laptop", str(study_copy))
+    for label in labels:
+        assert table.loc[label, "seeds"] == len(runs[label])
+        if runs[label]:
+            scores = [experiments.final_test_scores(folder) for _, folder in runs[label]]
+            assert all(len(s) == suite.COIN_STUDY_TEST_GAMES["laptop"] for s in scores)
+            assert table.loc[label, "test score"] == pytest.approx(np.mean([s.mean() for s in scores]), abs=0.01)
+            assert table.loc[label, "95% low"] <= table.loc[label, "test score"] <= table.loc[label, "95% high"]
+            shares = table.loc[label, [f"{mode} episodes an iteration" for mode in study.MODES]]
+            assert shares.sum() == pytest.approx(8, abs=0.02)  # every episode of a group of 8 has one mode
+
+
+def test_each_notebooks_figures_are_drawn_from_the_committed_runs(study_copy):
+    for notebook, (arms, planned) in study.IN_NOTEBOOK.items():
+        table = study.plot_contrasts(list(planned), "t", f"{notebook}-contrasts", "laptop", str(study_copy))
+        assert list(table.index) == list(planned)
+        seeds = {label: len(runs) for label, runs in study.tested_runs("laptop", str(study_copy)).items()}
+        for name, row in table.iterrows():
+            weights = next(c.weights for c in suite.COIN_STUDY_CONTRASTS if c.name == name)
+            waiting = min(seeds[label] for label in weights) < 2
+            assert (row["verdict"] == "waiting for runs") == waiting and np.isnan(row["estimate"]) == waiting
+        study.plot_arms(list(arms), "t", f"{notebook}-arms", "laptop", str(study_copy), entropy=notebook == "08")
+        for figure in (f"{notebook}-contrasts", f"{notebook}-arms"):
+            assert (study_copy / "figures" / f"{figure}.png").stat().st_size > 10_000
+
+
+def test_a_forest_plot_with_every_arm_in_shows_each_contrast_at_its_known_value(tmp_path, monkeypatch):
+    """Hand-made measures, 5 seeds an arm: every planned contrast is computed (none waits), drawn, and its
+    estimate is the value the arms' known means give, up to the seeds' noise (sd of a seed's mean 0.14)."""
+    monkeypatch.setattr(study, "measures", lambda profile, results_dir="results": _handmade_measures())
+    names = [c.name for c in suite.COIN_STUDY_CONTRASTS]
+    table = study.plot_contrasts(names, "t", "all", "laptop", str(tmp_path))
+    assert (tmp_path / "figures" / "all.png").exists() and not table["estimate"].isna().any()
+    means = {arm.label: 60.0 - 2 * i for i, arm in enumerate(suite.COIN_STUDY_ARMS)}
+    for c in suite.COIN_STUDY_CONTRASTS:
+        truth = 0.0 if c.measure == "entropy" else sum(w * means[label] for label, w in c.weights.items())
+        row = table.loc[c.name]
+        assert abs(row["estimate"] - truth) < 1.0 and row["95% low"] < row["estimate"] < row["95% high"], c.name
+
+
+def test_the_claims_table_takes_each_study_contrast_as_planned(monkeypatch):
+    """With every arm in, the study's rows of the claims table quote `study.contrasts`, verdict included;
+    with the committed runs, a contrast whose arms lack a second seed says what it waits for."""
+    waiting = report.claims(ROOT / "results", "laptop", notebook="06")
+    assert all(row.startswith("study contrast waiting for runs") or "[" in row for row in waiting["ours"])
+    monkeypatch.setattr(study, "measures", lambda profile, results_dir="results": _handmade_measures())
+    table = report.claims(ROOT / "results", "laptop", notebook="06")
+    expected = study.contrasts(_handmade_measures(), ["off-policy updates: full − (q = 0)"]).iloc[0]
+    row = table[table["claim"] == "Off-policy updates help"].iloc[0]
+    assert f"{expected['estimate']:+.1f} [{expected['95% low']:+.1f}, {expected['95% high']:+.1f}]" in row["ours"]
+    assert row["verdict"] == expected["verdict"] == "reproduced"
