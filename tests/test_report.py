@@ -10,7 +10,7 @@ ALLOWED_VERDICTS = {"reproduced", "opposite", "within the noise", "no difference
                     "same direction, not established", "opposite direction, not established",
                     "same direction, not established (one seed each: seed spread not measured)",
                     "opposite direction, not established (one seed each: seed spread not measured)", "—",
-                    "measured (a cost, not a difference)", "within the noise", "above 0 outside the noise",
+                    "measured (a cost, not a difference)", "no difference: every score equal", "above 0 outside the noise",
                     "below 0 outside the noise", "above 0, not established", "below 0, not established"}
 
 
