@@ -323,7 +323,7 @@ def training_curve(folders: list[Path], window: int = 1, phase: str = "train", t
         groups = [f[f["block"] == block]["score"].to_numpy() for f in played]
         mean, low, high = seed_interval(groups)
         rows.append({"iteration": int(block), "score": mean, "95% low": low, "95% high": high})
-    return pd.DataFrame(rows).set_index("iteration")
+    return pd.DataFrame(rows, columns=["iteration", "score", "95% low", "95% high"]).set_index("iteration")
 
 
 def plot_variants(folders: dict[str, list[Path]], title: str, name: str, results_dir: str = "results") -> None:

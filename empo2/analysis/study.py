@@ -148,15 +148,15 @@ def plot_arms(labels: list[str], title: str, name: str, profile: str, results_di
     for i, label in enumerate(labels):
         folders = [cfg.run_dir for cfg, _ in runs[label]]
         style = dict(color=f"C{i}", label=f"{label} ({len(folders)} seed{'s' if len(folders) != 1 else ''})")
-        if folders:
-            curve = experiments.training_curve(folders, window=window, tip_free=True)
+        curve = experiments.training_curve(folders, window=window, tip_free=True)  # empty for Naive: no training
+        if len(curve):
             axes[0].plot(curve.index, curve["score"], marker="o", markersize=3, **style)
             if len(folders) > 1:
                 axes[0].fill_between(curve.index, curve["95% low"], curve["95% high"], color=f"C{i}", alpha=0.15)
-            if entropy:
-                per_run = [_blocks(experiments.metrics(f).set_index("iteration")["train/entropy/plain"], window)
-                           for f in folders]
-                axes[1].plot(pd.concat(per_run, axis=1).mean(axis=1), marker="o", markersize=3, **style)
+        per_run = [_blocks(frame.set_index("iteration")["train/entropy/plain"], window)
+                   for frame in map(experiments.metrics, folders) if "train/entropy/plain" in frame]
+        if entropy and per_run:
+            axes[1].plot(pd.concat(per_run, axis=1).mean(axis=1), marker="o", markersize=3, **style)
         scores = [experiments.final_test_scores(folder) for _, folder in runs[label]]
         axes[-1].scatter([i] * len(scores), [s.mean() for s in scores], color=f"C{i}", s=12, alpha=0.6)
         if scores:
@@ -184,18 +184,23 @@ def arm_table(labels: list[str], profile: str, results_dir: str = "results") -> 
         row = {"arm": label, "seeds": len(runs[label])}
         if runs[label]:
             mean, low, high = seed_interval([experiments.final_test_scores(folder) for _, folder in runs[label]])
-            frames = [experiments.metrics(cfg.run_dir) for cfg, _ in runs[label]]
-            last = [range(int(f["iteration"].max()) - ENTROPY_ITERATIONS + 1, int(f["iteration"].max()) + 1)
-                    for f in frames]
-            every = pd.concat(frames)
-            row |= {"test score": mean, "95% low": low, "95% high": high,
-                    f"tip-free training score, last {ENTROPY_ITERATIONS} iterations": np.mean(
-                        [experiments.tip_free_training_scores(cfg.run_dir, span).mean()
-                         for (cfg, _), span in zip(runs[label], last)]),
-                    f"tip-free entropy, last {ENTROPY_ITERATIONS} iterations": np.mean(
-                        [f["train/entropy/plain"].tail(ENTROPY_ITERATIONS).mean() for f in frames])}
-            row |= {f"{mode} episodes an iteration": every[f"train/episodes/{mode}"].mean() for mode in MODES}
-            row |= {"groups with signal (%)": 100 * every["train/groups_with_signal"].mean(),
-                    "from the score alone (%)": 100 * every["train/groups_with_score_signal"].mean()}
+            row |= {"test score": mean, "95% low": low, "95% high": high}
+            trained = [(cfg, frame) for cfg, frame in ((cfg, experiments.metrics(cfg.run_dir)) for cfg, _ in runs[label])
+                       if "train/score" in frame]  # Naive only tests
+            if trained:
+                every = pd.concat([frame for _, frame in trained])
+                last = [range(int(frame["iteration"].max()) - ENTROPY_ITERATIONS + 1, int(frame["iteration"].max()) + 1)
+                        for _, frame in trained]
+                played = [experiments.tip_free_training_scores(cfg.run_dir, span) for (cfg, _), span in zip(trained, last)]
+                if any(len(scores) for scores in played):  # memory-only plays none without tips
+                    row[f"tip-free training score, last {ENTROPY_ITERATIONS} iterations"] = np.mean(
+                        [scores.mean() for scores in played if len(scores)])
+                if "train/entropy/plain" in every:
+                    row[f"tip-free entropy, last {ENTROPY_ITERATIONS} iterations"] = np.mean(
+                        [frame["train/entropy/plain"].tail(ENTROPY_ITERATIONS).mean() for _, frame in trained])
+                row |= {column: every[metric].mean() * scale for column, metric, scale in (
+                    *((f"{mode} episodes an iteration", f"train/episodes/{mode}", 1) for mode in MODES),
+                    ("groups with signal (%)", "train/groups_with_signal", 100),
+                    ("from the score alone (%)", "train/groups_with_score_signal", 100)) if metric in every}
         rows.append(row)
     return pd.DataFrame(rows).set_index("arm").round(2)
