@@ -137,12 +137,15 @@ def _blocks(values: pd.Series, window: int) -> pd.Series:
 def plot_arms(labels: list[str], title: str, name: str, profile: str, results_dir: str = "results",
               window: int = 5, entropy: bool = False) -> None:
     """The arms' tested runs, saved as a figure: the tip-free training score per block of `window` iterations
-    (the mean over an arm's seeds, with its 95% interval from 2 seeds on); with `entropy`, the tip-free decision
-    entropy the same way (mean over seeds); and the study's test: each seed's mean score on the held-out games
-    (dots) and the arm's mean with its 95% interval over seeds (over the games where an arm has one seed)."""
+    (at most a quarter of the profile's), the mean over an arm's seeds with its 95% interval from 2 seeds on;
+    with `entropy`, the tip-free decision entropy the same way (mean over seeds); and the study's test: each
+    seed's mean score on the held-out games (dots) and the arm's mean with its 95% interval over seeds (over
+    the games where an arm has one seed)."""
     import matplotlib.pyplot as plt
 
     runs = tested_runs(profile, results_dir)
+    iterations = EMPO2Config.from_profile(profile, env="textworld_express", task="coin").iterations
+    window = max(1, min(window, iterations // 4))  # at ci (2 iterations) one point an iteration
     panels = 3 if entropy else 2
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 3.8))
     for i, label in enumerate(labels):
@@ -185,13 +188,13 @@ def arm_table(labels: list[str], profile: str, results_dir: str = "results") -> 
         if runs[label]:
             mean, low, high = seed_interval([experiments.final_test_scores(folder) for _, folder in runs[label]])
             row |= {"test score": mean, "95% low": low, "95% high": high}
-            trained = [(cfg, frame) for cfg, frame in ((cfg, experiments.metrics(cfg.run_dir)) for cfg, _ in runs[label])
-                       if "train/score" in frame]  # Naive only tests
+            frames = [(cfg, experiments.metrics(cfg.run_dir)) for cfg, _ in runs[label]]
+            trained = [(cfg, frame) for cfg, frame in frames if "train/score" in frame]  # Naive only tests
             if trained:
                 every = pd.concat([frame for _, frame in trained])
-                last = [range(int(frame["iteration"].max()) - ENTROPY_ITERATIONS + 1, int(frame["iteration"].max()) + 1)
-                        for _, frame in trained]
-                played = [experiments.tip_free_training_scores(cfg.run_dir, span) for (cfg, _), span in zip(trained, last)]
+                played = [experiments.tip_free_training_scores(
+                    cfg.run_dir, range(frame["iteration"].max() - ENTROPY_ITERATIONS + 1, frame["iteration"].max() + 1))
+                    for cfg, frame in trained]
                 if any(len(scores) for scores in played):  # memory-only plays none without tips
                     row[f"tip-free training score, last {ENTROPY_ITERATIONS} iterations"] = np.mean(
                         [scores.mean() for scores in played if len(scores)])
