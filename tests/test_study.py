@@ -56,8 +56,7 @@ def test_each_notebooks_figures_are_drawn_from_the_committed_runs(study_copy):
         assert list(table.index) == list(planned)
         seeds = {label: len(runs) for label, runs in study.tested_runs(profile, str(results)).items()}
         for name, row in table.iterrows():
-            weights = next(c.weights for c in suite.COIN_STUDY_CONTRASTS if c.name == name)
-            waiting = min(seeds[label] for label in weights) < 2
+            waiting = min(seeds[label] for label in study.CONTRASTS[name].weights) < 2
             assert (row["verdict"] == "waiting for runs") == waiting and np.isnan(row["estimate"]) == waiting
         study.plot_arms(list(arms), "t", f"{notebook}-arms", profile, str(results), entropy=notebook == "08")
         for figure in (f"{notebook}-contrasts", f"{notebook}-arms"):

@@ -115,15 +115,13 @@ def _study_claim(claim: str, section: str, paper_text: str, contrast_name: str, 
     verdict, or the seeds it waits for. `found()` gives the study's measures (`study.measures`) and profile."""
     measures, profile = found()
     row = study.contrasts(measures, [contrast_name]).iloc[0]
-    planned = [len(suite.coin_study(profile)[label]) for label in
-               next(c for c in suite.COIN_STUDY_CONTRASTS if c.name == contrast_name).weights]
     if np.isnan(row["estimate"]):
         ours, judged = (f"study contrast waiting for runs (seeds an arm {row['seeds']} of "
-                        f"{' / '.join(map(str, planned))} planned)"), "—"
+                        f"{study.planned_seeds(contrast_name, profile)} planned)"), "—"
     else:
-        unit = " nats" if row["measure"] == "entropy" else ""
-        ours = (f"{contrast_name} {row['estimate']:+.{3 if unit else 1}f} [{row['95% low']:+.{3 if unit else 1}f}, "
-                f"{row['95% high']:+.{3 if unit else 1}f}]{unit} (seeds an arm {row['seeds']}, {p_text(row['p'])})")
+        unit, digits = (" nats", 3) if row["measure"] == "entropy" else ("", 1)
+        estimate, low, high = (f"{row[k]:+.{digits}f}" for k in ("estimate", "95% low", "95% high"))
+        ours = f"{contrast_name} {estimate} [{low}, {high}]{unit} (seeds an arm {row['seeds']}, {p_text(row['p'])})"
         judged = row["verdict"]
     return {"claim": claim, "paper": paper_text, "ours": ours, "verdict": judged, "where": section + ", study"}
 
@@ -142,7 +140,12 @@ def claims(results_dir: str | Path = "results", profile: str = "laptop", noteboo
     coin = suite.coin_runs(profile, results_dir)
     on_coin = lambda method: [c for c in coin if c.method == method]  # noqa: E731
     measured = {}  # the study's runs, read once, by the first study row asked for
-    found = lambda: (measured.setdefault("measures", study.measures(profile, results_dir)), profile)  # noqa: E731
+
+    def found():
+        if "measures" not in measured:
+            measured["measures"] = study.measures(profile, results_dir)
+        return measured["measures"], profile
+
     rows = [  # (notebook, how to compute the row): only the asked ones read their runs
         ("04", lambda: _difference_claim("EMPO² learns more than GRPO", "04, Fig. 1a",
                                          f"{pc['EMPO2']} vs {pc['GRPO']}", of("empo2"), of("grpo"), "EMPO² − GRPO")),

@@ -33,6 +33,8 @@ IN_NOTEBOOK = {
            ("EMPO² − GRPO (primary)", "EMPO² − Naive (floor)", "EMPO² − memory-only (floor)")),
 }
 """What each notebook leads with: (the arms it draws, the planned contrasts of its forest plot)."""
+CONTRASTS = {c.name: c for c in suite.COIN_STUDY_CONTRASTS}
+"""The planned contrasts by name."""
 
 
 def tested_runs(profile: str, results_dir: str = "results") -> dict[str, list[tuple[EMPO2Config, Path]]]:
@@ -61,9 +63,8 @@ def contrasts(found: dict[str, dict[str, list[np.ndarray]]], names: list[str] | 
     """Each planned contrast (`suite.COIN_STUDY_CONTRASTS`, or those `names`) of the measures given (`measures`):
     its estimate, 95% t-interval, permutation p and verdict, or how many runs it still waits for (every arm
     needs 2)."""
-    planned = {c.name: c for c in suite.COIN_STUDY_CONTRASTS}
     rows = []
-    for c in (planned[name] for name in (names or planned)):
+    for c in (CONTRASTS[name] for name in (names or CONTRASTS)):
         arms = [found[c.measure].get(label, []) for label in c.weights]
         row = {"contrast": c.name, "measure": c.measure, "paper": c.paper or "no direction",
                "seeds": " / ".join(str(len(arm)) for arm in arms)}
@@ -82,11 +83,19 @@ def contrasts(found: dict[str, dict[str, list[np.ndarray]]], names: list[str] | 
 
 def unit(contrast_name: str) -> str:
     """What a planned contrast is measured in: test points, test points per unit of p or q (a trend), or nats."""
-    c = next(c for c in suite.COIN_STUDY_CONTRASTS if c.name == contrast_name)
-    if c.measure == "entropy":
+    if CONTRASTS[contrast_name].measure == "entropy":
         return "decision entropy, nats"
-    return "test points per unit of " + ("p" if c.name.startswith("p trend") else "q") if "trend" in c.name \
-        else "test points"
+    if contrast_name.startswith("p trend"):
+        return "test points per unit of p"
+    if contrast_name.startswith("q trend"):
+        return "test points per unit of q"
+    return "test points"
+
+
+def planned_seeds(contrast_name: str, profile: str) -> str:
+    """The seeds the plan gives each arm of a contrast, in its arms' order: "10 / 5"."""
+    planned = suite.coin_study(profile)
+    return " / ".join(str(len(planned[label])) for label in CONTRASTS[contrast_name].weights)
 
 
 def plot_contrasts(names: list[str], title: str, name: str, profile: str, results_dir: str = "results"
@@ -157,8 +166,8 @@ def plot_arms(labels: list[str], title: str, name: str, profile: str, results_di
             if len(folders) > 1:
                 axes[0].fill_between(curve.index, curve["95% low"], curve["95% high"], color=f"C{i}", alpha=0.15)
         per_run = [_blocks(frame.set_index("iteration")["train/entropy/plain"], window)
-                   for frame in map(experiments.metrics, folders) if "train/entropy/plain" in frame]
-        if entropy and per_run:
+                   for frame in map(experiments.metrics, folders if entropy else []) if "train/entropy/plain" in frame]
+        if per_run:
             axes[1].plot(pd.concat(per_run, axis=1).mean(axis=1), marker="o", markersize=3, **style)
         scores = [experiments.final_test_scores(folder) for _, folder in runs[label]]
         axes[-1].scatter([i] * len(scores), [s.mean() for s in scores], color=f"C{i}", s=12, alpha=0.6)

@@ -257,11 +257,9 @@ def study_lines(notebook: str, profile: str, results_dir: str = "results") -> st
     each: its estimate, interval, p and verdict, or the seeds it waits for."""
     arms, names = study.IN_NOTEBOOK[notebook]
     table = study.contrasts(study.measures(profile, results_dir), list(names))
-    planned = {label: len(configs) for label, configs in suite.coin_study(profile, results_dir).items()}
     lines = []
     for name, r in table.iterrows():
-        weights = next(c.weights for c in suite.COIN_STUDY_CONTRASTS if c.name == name)
-        of = " / ".join(str(planned[label]) for label in weights)
+        of = study.planned_seeds(name, profile)
         if np.isnan(r["estimate"]):
             lines.append(f"- **CoinCollector study, {name}** (planned; {study.unit(name)}): waiting for runs, "
                          f"seeds an arm {r['seeds']} of {of}.")
@@ -278,8 +276,9 @@ def mode_ablation(profile: str, results_dir: str = "results") -> str:
     """Notebook 06: the study's update-mode contrasts, then the 10-iteration ScienceWorld runs (full EMPO²
     against either update mode left out)."""
     full = "EMPO2 (full)"
-    return study_lines("06", profile, results_dir) + "\n" + SCIENCEWORLD_EXAMPLE + "\n" + variants(
-        suite.mode_ablation(profile, results_dir), [(full, "without off-policy"), (full, "without on-policy with memory")])
+    return "\n".join([study_lines("06", profile, results_dir), SCIENCEWORLD_EXAMPLE,
+                      variants(suite.mode_ablation(profile, results_dir),
+                               [(full, "without off-policy"), (full, "without on-policy with memory")])])
 
 
 def pq_sweep(profile: str, results_dir: str = "results") -> str:
