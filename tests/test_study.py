@@ -49,6 +49,41 @@ def test_the_arm_table_counts_the_committed_runs_and_scores_their_tests(study_co
                 assert shares.sum() == pytest.approx(runs[label][0][0].group_size, abs=0.02)  # one mode an episode
 
 
+def _progress(results, profile) -> tuple[dict[str, list[str]], str]:
+    """`report.study_progress` read back: each arm's cells by label, and the line below the table."""
+    table, note = report.study_progress(results, profile).split("\n\n")
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    return {row[0]: row[1:] for row in rows}, note
+
+
+def test_the_progress_table_counts_runs_tests_and_the_hours_they_took(study_copy):
+    """The progress table of results/README.md: each arm's planned, finished and tested runs and its lane-hours
+    (a run's and its test's own clocks); a test removed is counted out with exactly its hours."""
+    profile, results = study_copy
+    rows, note = _progress(results, profile)
+    runs = study.tested_runs(profile, str(results))
+    for label, configs in suite.coin_study_tests(profile, str(results)).items():
+        planned, finished, tested, hours, _ = rows[label]
+        assert (int(planned), int(finished), int(tested)) == (len(configs), len(runs[label]), len(runs[label]))
+        minutes = sum(experiments.run_minutes(cfg.run_dir) + experiments.run_minutes(folder)
+                      for cfg, folder in runs[label])
+        assert float(hours) == pytest.approx(minutes / 60, abs=0.05)
+    spent = float(note.removeprefix("Lane-hours spent: ").split(";")[0])
+    assert spent == pytest.approx(sum(float(r[3]) for r in rows.values()), abs=0.05 * len(rows))
+    to_come = [(int(r[0]) - int(r[1])) / int(r[1]) for r in rows.values() if int(r[1])]  # runs left per finished one
+    left = float(note.split("so far: about ")[1].split(" ")[0])
+    estimate = sum(share * float(r[3]) for share, r in zip(to_come, [r for r in rows.values() if int(r[1])]))
+    assert left == pytest.approx(estimate, abs=0.5 + 0.05 * sum(to_come))
+
+    label = next(label for label, pairs in runs.items() if pairs)  # the first arm with a tested run
+    test = runs[label][0][1]
+    test_hours = experiments.run_minutes(test) / 60
+    shutil.rmtree(test)
+    after, _ = _progress(results, profile)
+    assert after[label][:2] == rows[label][:2] and int(after[label][2]) == int(rows[label][2]) - 1
+    assert float(after[label][3]) == pytest.approx(float(rows[label][3]) - test_hours, abs=0.1)
+
+
 def test_each_notebooks_figures_are_drawn_from_the_committed_runs(study_copy):
     profile, results = study_copy
     for notebook, (arms, planned) in study.IN_NOTEBOOK.items():

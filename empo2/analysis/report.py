@@ -310,17 +310,29 @@ def results_readme(results_dir: Path, profiles: tuple[str, ...] = ("laptop", "ci
 
 
 def study_progress(results_dir: Path, profile: str) -> str:
-    """The CoinCollector study's arms: runs planned, finished and tested (`suite.coin_study_tests`), and their commits."""
-    from empo2.analysis import suite
-
-    lines = ["| arm | planned | finished | tested | commits |", "|---|---|---|---|---|"]
+    """The CoinCollector study's arms: runs planned, finished and tested (`suite.coin_study_tests`), the lane-hours
+    they took by their own clocks (`experiments.run_minutes` of each finished run and of its planned test), and
+    their commits; below, the hours spent in all and an estimate of those left (each arm's runs still to come at
+    the mean of its finished ones)."""
+    lines = ["| arm | planned | finished | tested | lane-hours | commits |", "|---|---|---|---|---|---|"]
+    spent, left, unestimated = 0.0, 0.0, []
     for label, tests in suite.coin_study_tests(profile, str(results_dir)).items():
         finished = [cfg for cfg in tests if (cfg.run_dir / "summary.json").exists()]
-        tested = [cfg for cfg in finished if experiments.saved_retest(cfg) is not None]
+        tested = [folder for folder in map(experiments.saved_retest, finished) if folder is not None]
+        hours = [experiments.run_minutes(folder) / 60 for folder in [cfg.run_dir for cfg in finished] + tested]
         commits = sorted({json.loads((cfg.run_dir / "config.json").read_text()).get("git_commit", "")[:7]
                           for cfg in finished})
-        lines.append(f"| {label} | {len(tests)} | {len(finished)} | {len(tested)} | {', '.join(commits) or '—'} |")
-    return "\n".join(lines)
+        spent += sum(hours)
+        if finished:
+            left += (len(tests) - len(finished)) * sum(hours) / len(finished)
+        elif tests:
+            unestimated.append(label)
+        lines.append(f"| {label} | {len(tests)} | {len(finished)} | {len(tested)} | {sum(hours):.1f} "
+                     f"| {', '.join(commits) or '—'} |")
+    note = f"Lane-hours spent: {spent:.1f}; left, at each arm's mean so far: about {left:.0f} (an estimate; a "
+    note += "run's clock depends on what ran beside it)"
+    note += f", not counting {', '.join(unestimated)} (no run finished yet)." if unestimated else "."
+    return "\n".join(lines) + "\n\n" + note
 
 
 RESULTS_DOCUMENT = ROOT / "docs" / "results.md"
