@@ -44,9 +44,18 @@ def test_the_arm_table_counts_the_committed_runs_and_scores_their_tests(study_co
             assert all(len(s) == suite.COIN_STUDY_TEST_GAMES[profile] for s in scores)
             assert table.loc[label, "test score"] == pytest.approx(np.mean([s.mean() for s in scores]), abs=0.01)
             assert table.loc[label, "95% low"] <= table.loc[label, "test score"] <= table.loc[label, "95% high"]
+            shown = [experiments.read_jsonl(folder / "episodes.jsonl")["tips_shown"] for _, folder in runs[label]]
+            assert table.loc[label, "test episodes shown a tip (%)"] == pytest.approx(
+                100 * np.mean([(tips > 0).mean() for tips in shown]), abs=0.01)
             if runs[label][0][0].method != "naive":  # Naive only tests
                 shares = table.loc[label, [f"{mode} episodes an iteration" for mode in study.MODES]]
                 assert shares.sum() == pytest.approx(runs[label][0][0].group_size, abs=0.02)  # one mode an episode
+                memory = [experiments.training_episodes(cfg.run_dir).query("mode != 'plain'") for cfg, _ in runs[label]]
+                if any(len(episodes) for episodes in memory):
+                    assert table.loc[label, "memory episodes shown a tip (%)"] == pytest.approx(100 * np.mean(
+                        [(episodes["tips_shown"] > 0).mean() for episodes in memory if len(episodes)]), abs=0.01)
+                else:  # GRPO: no memory-guided episode
+                    assert np.isnan(table.loc[label].get("memory episodes shown a tip (%)", np.nan))
 
 
 def _progress(results, profile) -> tuple[dict[str, list[str]], str]:

@@ -187,16 +187,19 @@ def plot_arms(labels: list[str], title: str, name: str, profile: str, results_di
 
 
 def arm_table(labels: list[str], profile: str, results_dir: str = "results") -> pd.DataFrame:
-    """One row per arm, over its tested runs: seeds, the test score (mean over seeds, 95% interval), the
-    tip-free training score and decision entropy of the last `ENTROPY_ITERATIONS` iterations, the episodes an
-    iteration of each mode, and the share of groups with a learning signal (with one from the score alone)."""
+    """One row per arm, over its tested runs: seeds, the test score (mean over seeds, 95% interval) and the share of
+    test episodes shown a tip (memory-only tests with its memory), the tip-free training score and decision
+    entropy of the last `ENTROPY_ITERATIONS` iterations, the share of memory-guided training episodes shown a tip
+    (the memory is kept per game: a game met for the first time has none), the episodes an iteration of each mode,
+    and the share of groups with a learning signal (with one from the score alone)."""
     runs = tested_runs(profile, results_dir)
     rows = []
     for label in labels:
         row = {"arm": label, "seeds": len(runs[label])}
         if runs[label]:
             mean, low, high = seed_interval([experiments.final_test_scores(folder) for _, folder in runs[label]])
-            row |= {"test score": mean, "95% low": low, "95% high": high}
+            row |= {"test score": mean, "95% low": low, "95% high": high, "test episodes shown a tip (%)": 100 * np.mean(
+                [(experiments.read_jsonl(folder / "episodes.jsonl")["tips_shown"] > 0).mean() for _, folder in runs[label]])}
             frames = [(cfg, experiments.metrics(cfg.run_dir)) for cfg, _ in runs[label]]
             trained = [(cfg, frame) for cfg, frame in frames if "train/score" in frame]  # Naive only tests
             if trained:
@@ -210,6 +213,11 @@ def arm_table(labels: list[str], profile: str, results_dir: str = "results") -> 
                 if "train/entropy/plain" in every:
                     row[f"tip-free entropy, last {ENTROPY_ITERATIONS} iterations"] = np.mean(
                         [frame["train/entropy/plain"].tail(ENTROPY_ITERATIONS).mean() for _, frame in trained])
+                memory = [episodes[episodes["mode"] != "plain"] for episodes in
+                          (experiments.training_episodes(cfg.run_dir) for cfg, _ in trained)]
+                if any(len(episodes) for episodes in memory):  # GRPO plays none with memory
+                    row["memory episodes shown a tip (%)"] = 100 * np.mean(
+                        [(episodes["tips_shown"] > 0).mean() for episodes in memory if len(episodes)])
                 row |= {column: every[metric].mean() * scale for column, metric, scale in (
                     *((f"{mode} episodes an iteration", f"train/episodes/{mode}", 1) for mode in MODES),
                     ("groups with signal (%)", "train/groups_with_signal", 100),
