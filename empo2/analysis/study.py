@@ -10,6 +10,7 @@ import pandas as pd
 
 from empo2.analysis import experiments, suite
 from empo2.config import EMPO2Config
+from empo2.episode import PLAIN
 from empo2.stats import contrast, contrast_p, p_text, seed_interval, verdict
 
 ENTROPY_ITERATIONS = 20
@@ -213,7 +214,7 @@ def arm_table(labels: list[str], profile: str, results_dir: str = "results") -> 
                 if "train/entropy/plain" in every:
                     row[f"tip-free entropy, last {ENTROPY_ITERATIONS} iterations"] = np.mean(
                         [frame["train/entropy/plain"].tail(ENTROPY_ITERATIONS).mean() for _, frame in trained])
-                memory = [episodes[episodes["mode"] != "plain"] for episodes in
+                memory = [episodes[episodes["mode"] != PLAIN.label] for episodes in
                           (experiments.training_episodes(cfg.run_dir) for cfg, _ in trained)]
                 if any(len(episodes) for episodes in memory):  # GRPO plays none with memory
                     row["memory episodes shown a tip (%)"] = 100 * np.mean(
