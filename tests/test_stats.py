@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from empo2.stats import (Seeds, bootstrap_interval, contrast, contrast_interval, contrast_p, mean_interval, p_text,
-                         paired_interval, permutation_p, seed_difference, seed_interval, verdict, welch_interval)
+from empo2.stats import (Seeds, bootstrap_interval, contrast, contrast_interval, contrast_p, iqm_difference,
+                         iqm_difference_interval, mean_interval, p_text, paired_interval, permutation_p,
+                         seed_difference, seed_interval, verdict, welch_interval)
 
 # The six final test means of notebook 04's ScienceWorld runs (issue 58), one value a seed.
 SCIENCEWORLD_EMPO2, SCIENCEWORLD_GRPO = [[8.2], [8.5], [8.2]], [[7.9], [3.7], [5.75]]
@@ -254,6 +255,48 @@ def test_contrast_intervals_hold_their_95_percent_at_the_studys_seeds():
                   "slope": covered(*contrast_interval(trend, slope_weights)[1:], 0.0)}
         print(f"\n{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in shares.items()))
         assert min(shares.values()) >= 0.93, (name, shares)
+
+
+def explorer_scores(rng, draws, seeds, episodes=200):
+    """Like the CoinCollector study's test (200 games, {0, 100}): most seeds win about 48% of games, and one in
+    five learns to explore and wins 8 to 16 points more, so seed means are skewed by an occasional far seed."""
+    chance = 0.48 + rng.normal(0, 0.015, (draws, seeds, 1)) + (rng.random((draws, seeds, 1)) < 0.2) * rng.uniform(
+        0.08, 0.16, (draws, seeds, 1))
+    return 100.0 * (rng.random((draws, seeds, episodes)) < chance)  # (draws, seeds, episodes)
+
+
+def test_iqm_difference_is_yuens_interval_and_moves_less_with_a_far_seed():
+    """Hand-computed Yuen interval for 5 seeds a side (one trimmed from each end, winsorized variances); a seed
+    far above the others moves the IQM difference less than the mean's; seeds agreeing exactly give a point."""
+    a, b = [50.0, 48.5, 47.0, 52.0, 64.5], [47.5, 48.0, 49.0, 47.0, 51.0]
+    trimmed = [np.sort(x)[1:-1] for x in (a, b)]
+    winsorized = [np.clip(x, t.min(), t.max()) for x, t in zip((a, b), trimmed)]
+    d = [w.var(ddof=1) * 4 / (3 * 2) for w in winsorized]  # (n − 1) s_w² / (h (h − 1)), n = 5, h = 3
+    df = sum(d) ** 2 / sum(x**2 / 2 for x in d)
+    difference = trimmed[0].mean() - trimmed[1].mean()
+    half = scipy.stats.t.ppf(0.975, df) * np.sqrt(sum(d))
+    as_runs = lambda means: [[m] for m in means]  # noqa: E731
+    assert iqm_difference(as_runs(a), as_runs(b)) == pytest.approx((difference, difference - half, difference + half))
+    assert difference < np.mean(a) - np.mean(b)
+    assert iqm_difference(as_runs([50, 50]), as_runs([47.5, 47.5])) == (2.5, 2.5, 2.5)
+    with pytest.raises(ValueError, match="each side needs at least 2"):
+        iqm_difference(as_runs(a), as_runs(b[:1]))
+
+
+def test_iqm_intervals_hold_their_95_percent_at_3_5_and_10_seeds():
+    """Yuen's interval of the IQM difference, two arms alike (truth 0) with 3, 5 and 10 seeds each, in a normal,
+    the CoinCollector-like and the far-seed (`explorer_scores`) scenario: at least 0.93 hold the truth."""
+    rng = np.random.default_rng(6)
+    scenarios = {"seed sd 6.4, episode sd 45, 200 episodes": SCENARIOS["seed sd 6.4, episode sd 45, 200 episodes"][0],
+                 "CoinCollector-like {0, 100}, 40 episodes": coin_scores, "one seed in five explores": explorer_scores}
+    rows, low_ones = [], []
+    for name, draw in scenarios.items():
+        shares = {k: covered(*iqm_difference_interval(draw(rng, DRAWS, k).mean(axis=-1),
+                                                      draw(rng, DRAWS, k).mean(axis=-1))[1:], 0.0) for k in (3, 5, 10)}
+        rows.append(f"{name:44s} " + "  ".join(f"{k} vs {k} {share:.3f}" for k, share in shares.items()))
+        low_ones += [(name, k) for k, share in shares.items() if share < 0.93]
+    print("\n" + "\n".join(rows))
+    assert not low_ones, "\n".join(rows)
 
 
 def test_seeds_whose_means_agree_exactly_fall_back_on_their_episode_noise_despite_rounding():
