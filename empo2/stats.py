@@ -82,9 +82,13 @@ def _spread(means: np.ndarray, noise: np.ndarray) -> np.ndarray:
     """The sample variance of seed means (..., seeds), or where the seeds agree exactly (discrete scores can)
     and so show no spread, the noise their episodes put into a mean (`noise`, (..., seeds)): an interval of
     zero width is left to scores that are all equal. (...,)"""
-    # Equality, not a zero variance: the variance of equal floats such as [0.2, 0.2, 0.2] can be 1e-33.
-    agree = (means == means[..., :1]).all(axis=-1)
-    return np.where(agree, noise.mean(axis=-1), means.var(axis=-1, ddof=1))
+    return np.where(_agree(means), noise.mean(axis=-1), means.var(axis=-1, ddof=1))
+
+
+def _agree(means: np.ndarray) -> np.ndarray:
+    """Whether the seed means (..., seeds) are all equal. Equality, not a zero variance: the variance of equal
+    floats such as [0.2, 0.2, 0.2] can be 1e-33. (...,)"""
+    return (means == means[..., :1]).all(axis=-1)
 
 
 def _episode_variance(scores: np.ndarray) -> float:
@@ -190,6 +194,11 @@ IQM_TRIM = 0.25
 0.25): the lowest and highest ⌊0.25·n⌋ seed means go, so 3 seeds keep all 3, 5 keep 3, 10 keep 6."""
 
 
+def interquartile_mean(seed_means: np.ndarray) -> np.ndarray:
+    """The interquartile mean of seed means (..., seeds), cut by `IQM_TRIM` at each end. (...,)"""
+    return scipy.stats.trim_mean(seed_means, IQM_TRIM, axis=-1)
+
+
 def iqm_difference_interval(a_means: np.ndarray, b_means: np.ndarray, level: float = 0.95):
     """A's interquartile mean of seed means minus B's, with Yuen's 95% interval (Welch's t on the trimmed means,
     winsorized variances; `scipy.stats.ttest_ind(trim=0.25)`): (difference, low, high), each (...,) from seed
@@ -197,13 +206,12 @@ def iqm_difference_interval(a_means: np.ndarray, b_means: np.ndarray, level: flo
     difference]. A view that a seed far from the others moves less than the mean; its coverage at 3, 5 and 10
     seeds is measured in `tests/test_stats.py`."""
     a_means, b_means = np.asarray(a_means, dtype=float), np.asarray(b_means, dtype=float)
-    difference = (scipy.stats.trim_mean(a_means, IQM_TRIM, axis=-1)
-                  - scipy.stats.trim_mean(b_means, IQM_TRIM, axis=-1))  # (...,)
+    difference = interquartile_mean(a_means) - interquartile_mean(b_means)  # (...,)
     with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # scipy's on seeds that agree exactly: handled below
         bounds = scipy.stats.ttest_ind(a_means, b_means, axis=-1, equal_var=False, trim=IQM_TRIM
                                        ).confidence_interval(level)
-    agree = ((a_means == a_means[..., :1]).all(axis=-1) & (b_means == b_means[..., :1]).all(axis=-1))
+    agree = _agree(a_means) & _agree(b_means)
     return difference, np.where(agree, difference, bounds.low), np.where(agree, difference, bounds.high)
 
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import scipy.stats
 
 from empo2.analysis import experiments, suite
 from empo2.config import EMPO2Config
 from empo2.episode import PLAIN
-from empo2.stats import IQM_TRIM, contrast, contrast_p, iqm_difference, p_text, seed_interval, verdict
+from empo2.stats import Seeds, contrast, contrast_p, interquartile_mean, iqm_difference, p_text, seed_interval, verdict
 
 ENTROPY_ITERATIONS = 20
 """The `entropy` measure of the study: the last this many iterations' `train/entropy/plain`."""
@@ -85,7 +84,7 @@ def contrasts(found: dict[str, dict[str, list[np.ndarray]]], names: list[str] | 
 
 def iqm_view(found: dict[str, dict[str, list[np.ndarray]]]) -> pd.DataFrame:
     """A second view of the planned contrasts of two arms in test points (added after 16 runs were in; not
-    planned): each arm's interquartile mean of its seeds' test scores (rliable's IQM, `stats.IQM_TRIM`) and the
+    planned): each arm's interquartile mean of its seeds' test scores (rliable's IQM, `stats.interquartile_mean`) and the
     difference with Yuen's 95% interval (`stats.iqm_difference`), or "waiting for runs" (every arm needs 2).
     A seed far from its arm's others moves an IQM less than a mean."""
     rows = []
@@ -99,7 +98,7 @@ def iqm_view(found: dict[str, dict[str, list[np.ndarray]]]) -> pd.DataFrame:
             rows.append(row | {"IQM": np.nan, "other IQM": np.nan, "difference": np.nan, "95% low": np.nan,
                                "95% high": np.nan})
             continue
-        iqm = [float(scipy.stats.trim_mean([scores.mean() for scores in arm], IQM_TRIM)) for arm in arms]
+        iqm = [float(interquartile_mean(Seeds.of(arm).means)) for arm in arms]
         difference, low, high = iqm_difference(*arms)
         rows.append(row | {"IQM": iqm[0], "other IQM": iqm[1], "difference": difference, "95% low": low,
                            "95% high": high})

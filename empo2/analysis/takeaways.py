@@ -651,9 +651,9 @@ def coin_study(profile: str, results_dir: str = "results") -> str:
         lines.append(f"| {name} | {r['seeds']} | {shown} | {p_text(r['p']) or '—'} | {r['verdict']} |")
     lines += ["", "*A second view, added after 16 runs were in (not planned):* the interquartile mean (IQM, rliable's "
               "robust mean: an arm's seed means less the lowest and highest quarter, so all of 3, the middle 3 of 5, "
-              "the middle 6 of 10) of the contrasts of two "
-              "arms, with Yuen's 95% interval for the difference (Welch's t on trimmed means; coverage tested at 3, "
-              "5 and 10 seeds). A seed far from its arm's others moves an IQM less than a mean.", "",
+              "the middle 6 of 10) of the contrasts of two arms, with Yuen's 95% interval for the difference "
+              "(Welch's t on trimmed means; coverage tested at 3, 5 and 10 seeds). A seed far from its arm's others "
+              "moves an IQM less than a mean.", "",
               "| contrast of two arms | seeds an arm | IQMs | difference [95%] |", "|---|---|---|---|"]
     for name, r in study.iqm_view(measures).iterrows():
         if np.isnan(r["difference"]):
